@@ -1,0 +1,40 @@
+"""`dalle-dist <command>`: flags -> typed configs -> one call per command.
+
+The only place where a DalleDistError becomes `error: ...` and exit status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from dalle_dist import __version__
+from dalle_dist.cli.generate_cmd import add_generate
+from dalle_dist.cli.parser import ArgumentParser
+from dalle_dist.cli.train_cmds import add_train, add_train_vae
+from dalle_dist.errors import DalleDistError
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="dalle-dist",
+        description="Train and sample DALL-E style text-to-image models; the distributed "
+                    "backend, precision and attention pattern are flags.")
+    parser.add_argument("--version", action="version", version=f"dalle_dist {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_train_vae(sub)
+    add_train(sub)
+    add_generate(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except DalleDistError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,204 @@
+"""Flags of `train-vae` and `train`, named as in DALLE-pytorch's train_vae.py / train_dalle.py.
+
+Defaults are sized for the built-in shapes on a CPU (`make demo`); DALLE-pytorch's own
+defaults (dim 512, 8192 VAE tokens, 128px ...) target real data on GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from dalle_dist.backends import SingleBackend
+from dalle_dist.cli.parser import optional_float
+from dalle_dist.data import DataConfig
+from dalle_dist.model import VAEConfig
+from dalle_dist.train.config import TrainConfig, VAESchedule
+
+_VAE = VAEConfig()
+_SCHEDULE = VAESchedule()
+_DATA = DataConfig()
+
+
+def _add_data_args(parser: argparse.ArgumentParser, folder_flags: list[str], help_text: str,
+                   ) -> None:
+    group = parser.add_argument_group("data")
+    group.add_argument(*folder_flags, dest="image_text_folder", default=None, help=help_text)
+    group.add_argument("--random_resize_crop_lower_ratio", dest="resize_ratio", type=float,
+                       default=_DATA.resize_ratio,
+                       help="random square crops keep at least this fraction of the area "
+                            "(default %(default)s)")
+    group.add_argument("--shapes_count", type=int, default=_DATA.shapes_count,
+                       help="images per epoch of the built-in shapes (default %(default)s)")
+    group.add_argument("--shapes_seed", type=int, default=_DATA.shapes_seed,
+                       help="seed of the built-in shapes (default %(default)s)")
+    group.add_argument("--num_workers", type=int, default=_DATA.num_workers,
+                       help="data loader processes (default %(default)s: load in the main one)")
+
+
+def _add_train_args(parser: argparse.ArgumentParser, defaults: TrainConfig) -> None:
+    group = parser.add_argument_group("training")
+    group.add_argument("--epochs", type=int, default=defaults.epochs,
+                       help="default %(default)s")
+    group.add_argument("--batch_size", type=int, default=defaults.batch_size,
+                       help="default %(default)s")
+    group.add_argument("--learning_rate", type=float, default=defaults.learning_rate,
+                       help="default %(default)s")
+    group.add_argument("--save_every_n_steps", type=int, default=defaults.save_every_n_steps,
+                       help="also saved before training, at each epoch end and at the end; "
+                            "0: only those (default %(default)s)")
+    group.add_argument("--sample_every_n_steps", type=int,
+                       default=defaults.sample_every_n_steps,
+                       help="write a sample grid PNG beside the checkpoint (default %(default)s)")
+    group.add_argument("--log_every_n_steps", type=int, default=defaults.log_every_n_steps,
+                       help="metrics JSONL interval (default %(default)s)")
+    group.add_argument("--seed", type=int, default=defaults.seed, help="default %(default)s")
+    group.add_argument("--device", default=None,
+                       help="cpu, cuda or cuda:N (default: cuda:0 when available, else cpu)")
+
+
+def _train_config(args: argparse.Namespace, clip: float | None) -> TrainConfig:
+    return TrainConfig(epochs=args.epochs, batch_size=args.batch_size,
+                       learning_rate=args.learning_rate, clip_grad_norm=clip,
+                       save_every_n_steps=args.save_every_n_steps,
+                       sample_every_n_steps=args.sample_every_n_steps,
+                       log_every_n_steps=args.log_every_n_steps, seed=args.seed)
+
+
+def _data_config(args: argparse.Namespace, image_size: int) -> DataConfig:
+    return DataConfig(image_text_folder=args.image_text_folder, image_size=image_size,
+                      truncate_captions=getattr(args, "truncate_captions", False),
+                      resize_ratio=args.resize_ratio, shapes_count=args.shapes_count,
+                      shapes_seed=args.shapes_seed, num_workers=args.num_workers)
+
+
+def _backend(args: argparse.Namespace) -> SingleBackend:
+    import torch
+
+    return SingleBackend(torch.device(args.device) if args.device else None)
+
+
+# -- train-vae -----------------------------------------------------------------------
+
+VAE_TRAIN_DEFAULTS = TrainConfig(epochs=5, batch_size=32, learning_rate=1e-3,
+                                 clip_grad_norm=None, sample_every_n_steps=500)
+
+
+def add_train_vae(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train-vae", help="train the discrete VAE that turns images into tokens",
+                       description="Train a discrete VAE (DALLE-pytorch's train_vae.py flags).")
+    _add_data_args(p, ["--image_folder", "--image_text_folder"],
+                   "folder of images, searched recursively (default: built-in shapes)")
+    model = p.add_argument_group("VAE")
+    model.add_argument("--image_size", type=int, default=_VAE.image_size,
+                       help="default %(default)s")
+    model.add_argument("--num_tokens", type=int, default=_VAE.num_tokens,
+                       help="codebook size (default %(default)s)")
+    model.add_argument("--num_layers", type=int, default=_VAE.num_layers,
+                       help="downsampling layers: tokens = (image_size / 2^num_layers)^2 "
+                            "(default %(default)s)")
+    model.add_argument("--num_resnet_blocks", type=int, default=_VAE.num_resnet_blocks,
+                       help="default %(default)s")
+    model.add_argument("--emb_dim", type=int, default=_VAE.codebook_dim,
+                       help="codebook dimension (default %(default)s)")
+    model.add_argument("--hidden_dim", type=int, default=_VAE.hidden_dim,
+                       help="default %(default)s")
+    model.add_argument("--kl_loss_weight", type=float, default=_VAE.kl_loss_weight,
+                       help="default %(default)s")
+    model.add_argument("--smooth_l1_loss", action="store_true",
+                       help="reconstruction loss smooth L1 instead of MSE")
+    model.add_argument("--straight_through", action="store_true",
+                       help="hard Gumbel-softmax samples with straight-through gradients")
+    sched = p.add_argument_group("temperature and learning-rate schedule")
+    sched.add_argument("--starting_temp", type=float, default=_SCHEDULE.starting_temp,
+                       help="default %(default)s")
+    sched.add_argument("--temp_min", type=float, default=_SCHEDULE.temp_min,
+                       help="default %(default)s")
+    sched.add_argument("--anneal_rate", type=float, default=_SCHEDULE.anneal_rate,
+                       help="temperature = max(starting_temp * exp(-anneal_rate * step), "
+                            "temp_min) (default %(default)s)")
+    sched.add_argument("--lr_decay_rate", type=float, default=_SCHEDULE.lr_decay_rate,
+                       help="learning rate x this every 100 steps (default %(default)s)")
+    _add_train_args(p, VAE_TRAIN_DEFAULTS)
+    p.add_argument("--vae_output_file_name", default="vae",
+                   help="checkpoint to write; .pt is added when missing (default %(default)s)")
+    p.set_defaults(run=run_train_vae)
+
+
+def run_train_vae(args: argparse.Namespace) -> int:
+    from dalle_dist.train.commands import train_vae
+
+    vae_cfg = VAEConfig(image_size=args.image_size, num_tokens=args.num_tokens,
+                        codebook_dim=args.emb_dim, num_layers=args.num_layers,
+                        num_resnet_blocks=args.num_resnet_blocks, hidden_dim=args.hidden_dim,
+                        smooth_l1_loss=args.smooth_l1_loss, kl_loss_weight=args.kl_loss_weight,
+                        straight_through=args.straight_through)
+    schedule = VAESchedule(starting_temp=args.starting_temp, temp_min=args.temp_min,
+                           anneal_rate=args.anneal_rate, lr_decay_rate=args.lr_decay_rate)
+    vae_cfg.validate()
+    train_vae(vae_cfg, schedule, _train_config(args, None), _data_config(args, args.image_size),
+              args.vae_output_file_name, _backend(args))
+    return 0
+
+
+# -- train ---------------------------------------------------------------------------
+
+DALLE_TRAIN_DEFAULTS = TrainConfig(epochs=4, batch_size=32, learning_rate=1e-3,
+                                   clip_grad_norm=0.5, sample_every_n_steps=500)
+
+
+def add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train DALL-E (trains a VAE first on built-in data)",
+                       description="Train DALL-E (DALLE-pytorch's train_dalle.py flags). "
+                                   "On the built-in shapes, without --vae_path, a VAE is "
+                                   "trained first (or taken from the cache).")
+    _add_data_args(p, ["--image_text_folder"],
+                   "folder of name.png + name.txt pairs (default: built-in shapes)")
+    p.add_argument("--vae_path", help="trained VAE checkpoint (from dalle-dist train-vae)")
+    p.add_argument("--dalle_path", help="DALL-E checkpoint to resume from")
+    p.add_argument("--bpe_path", help="HuggingFace tokenizers JSON (default: byte-level)")
+    p.add_argument("--truncate_captions", action="store_true",
+                   help="cut captions longer than --text_seq_len instead of stopping")
+    p.add_argument("--dalle_output_file_name", default="dalle",
+                   help="checkpoint to write; .pt is added when missing (default %(default)s)")
+    p.add_argument("--fidelity_images", type=int, default=64,
+                   help="on built-in data, score this many sampled images at the end "
+                        "(0: skip; default %(default)s)")
+    model = p.add_argument_group("model")
+    model.add_argument("--dim", type=int, default=128, help="default %(default)s")
+    model.add_argument("--depth", type=int, default=4, help="default %(default)s")
+    model.add_argument("--heads", type=int, default=4, help="default %(default)s")
+    model.add_argument("--dim_head", type=int, default=32, help="default %(default)s")
+    model.add_argument("--ff_mult", type=int, default=4, help="default %(default)s")
+    model.add_argument("--text_seq_len", type=int, default=48,
+                       help="caption tokens (bytes with the default tokenizer; "
+                            "default %(default)s)")
+    model.add_argument("--attn_types", default="full",
+                       help="comma list of attention patterns cycled over layers "
+                            "(default %(default)s)")
+    model.add_argument("--loss_img_weight", type=float, default=7.0,
+                       help="default %(default)s")
+    model.add_argument("--attn_dropout", type=float, default=0.0, help="default %(default)s")
+    model.add_argument("--ff_dropout", type=float, default=0.0, help="default %(default)s")
+    _add_train_args(p, DALLE_TRAIN_DEFAULTS)
+    p.add_argument("--clip_grad_norm", type=optional_float, default=0.5,
+                   help="max gradient norm; none to disable (default %(default)s)")
+    p.add_argument("--lr_decay", action="store_true",
+                   help="halve the learning rate when the epoch loss plateaus")
+    p.add_argument("--image_size", type=int, default=_VAE.image_size,
+                   help="built-in shapes size when a VAE is trained first (default %(default)s)")
+    p.set_defaults(run=run_train)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from dalle_dist.train.commands import train_dalle
+
+    model_args = dict(dim=args.dim, depth=args.depth, heads=args.heads, dim_head=args.dim_head,
+                      ff_mult=args.ff_mult, attn_dropout=args.attn_dropout,
+                      ff_dropout=args.ff_dropout, loss_img_weight=args.loss_img_weight,
+                      attn_types=tuple(t.strip() for t in args.attn_types.split(",") if t.strip()))
+    train_dalle(model_args, _train_config(args, args.clip_grad_norm),
+                _data_config(args, args.image_size), args.dalle_output_file_name,
+                _backend(args), vae_path=args.vae_path, dalle_path=args.dalle_path,
+                bpe_path=args.bpe_path, text_seq_len=args.text_seq_len, lr_decay=args.lr_decay,
+                fidelity_images=args.fidelity_images)
+    return 0

@@ -1,0 +1,72 @@
+"""Data: tokenizers, image-text folders, the built-in shapes dataset and its scorer.
+
+Nothing here knows about models or distributed backends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.utils.data import Dataset
+
+from dalle_dist.data.config import DataConfig
+from dalle_dist.data.folder import TextImageFolder
+from dalle_dist.data.shapes import ShapesDataset
+from dalle_dist.data.tokenizer import Tokenizer, check_caption_lengths, tokenize
+from dalle_dist.errors import ConfigError
+
+__all__ = [
+    "CaptionCollate",
+    "DataConfig",
+    "ShapesDataset",
+    "TextImageFolder",
+    "build_dataset",
+    "describe_dataset",
+]
+
+
+def build_dataset(config: DataConfig, image_size: int, require_captions: bool,
+                  flag: str = "--image_text_folder") -> Dataset:
+    """The shapes dataset or a scanned folder; every item is (image [3, S, S], caption)."""
+    if config.builtin:
+        if config.shapes_count <= 0:
+            raise ConfigError(f"--shapes_count must be positive, got {config.shapes_count}")
+        return ShapesDataset(config.shapes_count, image_size, config.shapes_seed)
+    return TextImageFolder(config.image_text_folder, image_size, config.resize_ratio,
+                           require_captions=require_captions, flag=flag)
+
+
+def describe_dataset(dataset: Dataset) -> str:
+    """One log line: what will be trained on, and what was skipped."""
+    if isinstance(dataset, TextImageFolder):
+        what = "image-text pairs" if any(dataset.captions) else "images"
+        return dataset.report.summary(what)
+    return f"built-in shapes: {len(dataset)} images of {dataset.image_size}x{dataset.image_size}"
+
+
+def all_captions(dataset: Dataset) -> list[str]:
+    if isinstance(dataset, ShapesDataset):
+        return dataset.captions()
+    return dataset.all_captions()
+
+
+def check_captions(dataset: Dataset, tokenizer: Tokenizer, text_seq_len: int,
+                   truncate: bool) -> None:
+    """Raise before training when a caption of the dataset is longer than text_seq_len."""
+    check_caption_lengths(tokenizer, all_captions(dataset), text_seq_len, truncate)
+
+
+class CaptionCollate:
+    """Batches (images, caption token ids, captions); a class so loader workers can pickle it."""
+
+    def __init__(self, tokenizer: Tokenizer | None, text_seq_len: int, truncate: bool) -> None:
+        self.tokenizer, self.text_seq_len, self.truncate = tokenizer, text_seq_len, truncate
+
+    def __call__(self, batch: Sequence[tuple[torch.Tensor, str]]
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, list[str]]:
+        images = torch.stack([image for image, _ in batch])
+        captions = [caption for _, caption in batch]
+        text = (tokenize(self.tokenizer, captions, self.text_seq_len, self.truncate)
+                if self.tokenizer is not None else None)
+        return images, text, captions

@@ -1,0 +1,61 @@
+"""Image conversions and grids (PIL + torch only; torchvision is not a dependency)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from dalle_dist.fileio import atomic_writer
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """L, LA, P, RGBA, CMYK ... -> RGB (alpha is dropped, as DALLE-pytorch does)."""
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def pil_to_tensor(image: Image.Image) -> torch.Tensor:
+    """RGB PIL image -> [3, H, W] float in [0, 1]."""
+    array = np.asarray(to_rgb(image), dtype=np.float32) / 255.0
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+
+
+def tensor_to_pil(image: torch.Tensor) -> Image.Image:
+    """[3, H, W] in [0, 1] -> RGB PIL image."""
+    array = (image.detach().float().clamp(0, 1) * 255).round().byte()
+    return Image.fromarray(array.permute(1, 2, 0).cpu().numpy(), "RGB")
+
+
+def random_resized_crop(image: Image.Image, size: int, lower_ratio: float,
+                        generator: torch.Generator | None = None) -> Image.Image:
+    """A random square crop covering [lower_ratio, 1] of the image's area, resized to size.
+
+    Square-only, like DALLE-pytorch's RandomResizedCrop(ratio=(1, 1)).
+    """
+    w, h = image.size
+    fraction = lower_ratio + (1.0 - lower_ratio) * torch.rand((), generator=generator).item()
+    side = max(1, min(round(math.sqrt(fraction * w * h)), w, h))
+    x = int(torch.randint(0, w - side + 1, (), generator=generator))
+    y = int(torch.randint(0, h - side + 1, (), generator=generator))
+    return image.resize((size, size), Image.Resampling.BICUBIC, box=(x, y, x + side, y + side))
+
+
+def make_grid(images: torch.Tensor, nrow: int | None = None, pad: int = 2) -> Image.Image:
+    """[b, 3, H, W] in [0, 1] -> one PIL image with the pictures in rows of nrow."""
+    b, _, h, w = images.shape
+    nrow = nrow or max(1, math.ceil(math.sqrt(b)))
+    rows = math.ceil(b / nrow)
+    grid = Image.new("RGB", (nrow * (w + pad) + pad, rows * (h + pad) + pad), (255, 255, 255))
+    for i in range(b):
+        r, c = divmod(i, nrow)
+        grid.paste(tensor_to_pil(images[i]), (pad + c * (w + pad), pad + r * (h + pad)))
+    return grid
+
+
+def save_png(image: Image.Image, path: str | Path) -> None:
+    """Write a PNG atomically."""
+    with atomic_writer(path) as f:
+        image.save(f, format="PNG")

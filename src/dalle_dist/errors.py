@@ -1,0 +1,33 @@
+"""Exceptions that carry a message written for the user.
+
+Library code raises these; only the CLI turns them into `error: ...` and exit status 2
+(DESIGN.md, "Errors"). Anything else that escapes is a bug in dalle_dist and keeps its
+traceback.
+"""
+
+from __future__ import annotations
+
+
+class DalleDistError(Exception):
+    """A user's mistake: the message says what is wrong and, in brackets, what to do."""
+
+    def __init__(self, what: str, fix: str | None = None) -> None:
+        self.what = what
+        self.fix = fix
+        super().__init__(f"{what} ({fix})" if fix else what)
+
+
+class ConfigError(DalleDistError):
+    """A flag value, or a combination of flags, that cannot work."""
+
+
+class DataError(DalleDistError):
+    """A dataset that is missing, empty or unreadable, or a caption that does not fit."""
+
+
+class CheckpointError(DalleDistError):
+    """A checkpoint that is missing, corrupt, unsafe, or of the wrong kind."""
+
+
+class OutputError(DalleDistError):
+    """An output path that cannot be written."""

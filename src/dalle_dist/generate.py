@@ -1,0 +1,108 @@
+"""`generate`: prompts -> PNG images and a grid per prompt, from a DALL-E checkpoint."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dalle_dist.checkpoint_io import read_checkpoint_file
+from dalle_dist.data.images import make_grid, save_png, tensor_to_pil
+from dalle_dist.data.tokenizer import Tokenizer, tokenize, tokenizer_from_dict
+from dalle_dist.errors import CheckpointError, ConfigError
+from dalle_dist.fileio import ensure_writable_dir
+from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    num_images: int = 16
+    batch_size: int = 16
+    top_k: float = 0.9  # DALLE-pytorch's filter_thres: keep the best (1 - top_k) of tokens
+    temperature: float = 1.0
+    seed: int | None = None
+    truncate_captions: bool = False
+
+    def validate(self) -> None:
+        if self.num_images <= 0:
+            raise ConfigError(f"--num_images must be positive, got {self.num_images}")
+        if self.batch_size <= 0:
+            raise ConfigError(f"--batch_size must be positive, got {self.batch_size}")
+        if not 0.0 <= self.top_k < 1.0:
+            raise ConfigError(f"--top_k must be in [0, 1), got {self.top_k}",
+                              "0.9 keeps the best 10% of image tokens")
+        if self.temperature <= 0:
+            raise ConfigError(f"--temperature must be positive, got {self.temperature}")
+
+
+@dataclass
+class Sampler:
+    """A DALL-E checkpoint ready to sample: the model, its VAE and its tokenizer."""
+
+    model: DALLE
+    vae: DiscreteVAE
+    tokenizer: Tokenizer
+
+
+def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_path") -> Sampler:
+    payload = read_checkpoint_file(path, flag)
+    if payload["kind"] != "dalle":
+        raise CheckpointError(
+            f"{flag} {path} is a VAE checkpoint, but {flag} needs a DALL-E one",
+            "train one with dalle-dist train --vae_path " + str(path))
+    configs = payload["configs"]
+    model = DALLE(DALLEConfig.from_dict(configs["model"]))
+    model.load_state_dict(payload["weights"])
+    vae = DiscreteVAE(VAEConfig.from_dict(configs["vae"]))
+    vae.load_state_dict(payload["vae_weights"])
+    return Sampler(model.to(device).eval(), vae.to(device).eval(),
+                   tokenizer_from_dict(configs["tokenizer"]))
+
+
+def split_prompts(text: str) -> list[str]:
+    """DALLE-pytorch's --text takes several prompts separated by '|'."""
+    return [p.strip() for p in text.split("|")]
+
+
+def prompt_dir_name(prompt: str) -> str:
+    name = re.sub(r"[^a-zA-Z0-9]+", "_", prompt).strip("_")[:100]
+    return name or "prompt"
+
+
+def generate(dalle_path: str, prompts: Sequence[str], outputs_dir: str, config: GenerateConfig,
+             device: torch.device, log: Callable[[str], None] = print) -> list[Path]:
+    """Write num_images PNGs and grid.png per prompt; returns the grid paths."""
+    config.validate()
+    if not prompts or any(not p.strip() for p in prompts):
+        raise ConfigError("--text holds an empty prompt",
+                          'give some words, e.g. --text "a red circle"')
+    out_root = ensure_writable_dir(outputs_dir, "--outputs_dir")
+    sampler = load_sampler(dalle_path, device)
+    text_seq_len = sampler.model.config.text_seq_len
+    all_text = tokenize(sampler.tokenizer, prompts, text_seq_len, config.truncate_captions)
+    generator = torch.Generator(device)
+    if config.seed is not None:
+        generator.manual_seed(config.seed)
+    else:
+        generator.seed()
+
+    grids = []
+    for prompt, text in zip(prompts, all_text, strict=True):
+        folder = out_root / prompt_dir_name(prompt)
+        folder.mkdir(parents=True, exist_ok=True)
+        images = []
+        for start in range(0, config.num_images, config.batch_size):
+            n = min(config.batch_size, config.num_images - start)
+            batch = text.to(device).expand(n, -1)
+            images.append(sampler.model.generate_images(
+                batch, sampler.vae, config.top_k, config.temperature, generator).cpu())
+        stacked = torch.cat(images)
+        for i, image in enumerate(stacked):
+            save_png(tensor_to_pil(image), folder / f"{i}.png")
+        save_png(make_grid(stacked), folder / "grid.png")
+        grids.append(folder / "grid.png")
+        log(f"{prompt!r}: {len(stacked)} images in {folder}")
+    return grids

@@ -1,0 +1,158 @@
+"""DALLE: an autoregressive transformer over text tokens followed by image tokens."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dalle_dist.model.attention import LayerKVCache, SequenceLayout
+from dalle_dist.model.config import DALLEConfig
+from dalle_dist.model.sampling import sample_tokens
+from dalle_dist.model.transformer import Transformer
+from dalle_dist.model.vae import DiscreteVAE
+
+
+class DALLE(nn.Module):
+    """Text positions predict text tokens, image positions predict image tokens.
+
+    Padding: every padding slot i of the caption becomes its own token
+    (num_text_tokens + i), as in DALLE-pytorch, so the model always sees a full-length,
+    position-unique text and no attention mask is needed for padding. <bos> is id 0,
+    which no caption token can take after that substitution.
+
+    One output projection covers both vocabularies; each position multiplies only the
+    rows of its own vocabulary, which is the "restricted logits" of DALLE-pytorch
+    without computing and masking the other part.
+    """
+
+    def __init__(self, config: DALLEConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        c = config
+        self.text_vocab = c.num_text_tokens + c.text_seq_len
+        self.layout = SequenceLayout(text_len=c.text_seq_len + 1, fmap_size=c.image_fmap_size)
+
+        self.text_emb = nn.Embedding(self.text_vocab, c.dim)
+        self.text_pos_emb = nn.Embedding(c.text_seq_len + 1, c.dim)
+        self.image_emb = nn.Embedding(c.num_image_tokens, c.dim)
+        # Axial position: a row embedding plus a column embedding.
+        self.image_row_emb = nn.Embedding(c.image_fmap_size, c.dim)
+        self.image_col_emb = nn.Embedding(c.image_fmap_size, c.dim)
+        self.transformer = Transformer(c.dim, c.depth, c.heads, c.dim_head, c.ff_mult,
+                                       c.attn_dropout, c.ff_dropout, c.attn_types)
+        self.to_logits = nn.Linear(c.dim, self.text_vocab + c.num_image_tokens)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    # -- embedding -------------------------------------------------------------------
+
+    def _text_input(self, text: Tensor) -> Tensor:
+        """[b, text_seq_len] (0 = padding) -> [b, text_seq_len + 1] with <bos> and unique pads."""
+        c = self.config
+        if text.shape[1] != c.text_seq_len:
+            raise ValueError(f"text has length {text.shape[1]}, model expects {c.text_seq_len}")
+        pads = torch.arange(c.text_seq_len, device=text.device) + c.num_text_tokens
+        text = torch.where(text == 0, pads, text)
+        return F.pad(text, (1, 0), value=0)
+
+    def _embed_text(self, text_in: Tensor) -> Tensor:
+        positions = torch.arange(text_in.shape[1], device=text_in.device)
+        return self.text_emb(text_in) + self.text_pos_emb(positions)
+
+    def _embed_image(self, tokens: Tensor, start: int = 0) -> Tensor:
+        """Image tokens that occupy grid cells start, start+1, ... (row-major)."""
+        cells = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+        side = self.config.image_fmap_size
+        return (self.image_emb(tokens) + self.image_row_emb(cells // side)
+                + self.image_col_emb(cells % side))
+
+    def _text_logits(self, h: Tensor) -> Tensor:
+        w, b = self.to_logits.weight, self.to_logits.bias
+        return F.linear(h, w[: self.text_vocab], b[: self.text_vocab])
+
+    def _image_logits(self, h: Tensor) -> Tensor:
+        w, b = self.to_logits.weight, self.to_logits.bias
+        return F.linear(h, w[self.text_vocab :], b[self.text_vocab :])
+
+    # -- training --------------------------------------------------------------------
+
+    def forward(self, text: Tensor, image_tokens: Tensor) -> dict[str, Tensor]:
+        """Loss on [b, text_seq_len] captions and [b, fmap^2] image token ids.
+
+        loss = (text_loss + loss_img_weight * image_loss) / (loss_img_weight + 1)
+        """
+        text_in = self._text_input(text)
+        x = torch.cat((self._embed_text(text_in), self._embed_image(image_tokens[:, :-1])), dim=1)
+        h = self.transformer(x, self.layout)
+        n_text = self.layout.text_len - 1  # positions that predict the next text token
+        text_logits = self._text_logits(h[:, :n_text])
+        image_logits = self._image_logits(h[:, n_text:])
+        text_loss = F.cross_entropy(text_logits.flatten(0, 1), text_in[:, 1:].flatten())
+        image_loss = F.cross_entropy(image_logits.flatten(0, 1), image_tokens.flatten())
+        w = self.config.loss_img_weight
+        loss = (text_loss + w * image_loss) / (w + 1)
+        return {"loss": loss, "text_loss": text_loss.detach(), "image_loss": image_loss.detach()}
+
+    # -- sampling --------------------------------------------------------------------
+
+    @torch.no_grad()
+    def sample_image_tokens(
+        self,
+        text: Tensor,
+        filter_thres: float = 0.5,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+        use_cache: bool = True,
+    ) -> Tensor:
+        """Sample [b, fmap^2] image token ids for [b, text_seq_len] captions.
+
+        With use_cache the prefix is encoded once and each new token costs one position;
+        without it every step re-runs the whole sequence (the reference the cache must match).
+        """
+        was_training = self.training
+        self.eval()
+        try:
+            text_in = self._text_input(text)
+            prefix = self._embed_text(text_in)
+            n_image = self.layout.image_len
+            tokens = torch.empty(text.shape[0], n_image, dtype=torch.long, device=text.device)
+            cache: list[LayerKVCache] | None = None
+            if use_cache:
+                cache = self.transformer.new_cache(text.shape[0], self.layout.seq_len,
+                                                   text.device, prefix.dtype)
+            h = self.transformer(prefix, self.layout, cache)
+            for j in range(n_image):
+                tokens[:, j] = sample_tokens(self._image_logits(h[:, -1]), filter_thres,
+                                             temperature, generator)
+                if j == n_image - 1:
+                    break
+                if use_cache:
+                    h = self.transformer(self._embed_image(tokens[:, j : j + 1], j),
+                                         self.layout, cache)
+                else:
+                    x = torch.cat((prefix, self._embed_image(tokens[:, : j + 1])), dim=1)
+                    h = self.transformer(x, self.layout)
+            return tokens
+        finally:
+            self.train(was_training)
+
+    @torch.no_grad()
+    def generate_images(
+        self,
+        text: Tensor,
+        vae: DiscreteVAE,
+        filter_thres: float = 0.5,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Captions -> [b, 3, H, W] images in [0, 1], decoded by the model's own VAE."""
+        tokens = self.sample_image_tokens(text, filter_thres, temperature, generator)
+        return vae.decode(tokens)

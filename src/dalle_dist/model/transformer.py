@@ -1,0 +1,62 @@
+"""Pre-norm transformer whose layers cycle through attention patterns."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dalle_dist.model.attention import Attention, LayerKVCache, SequenceLayout, build_pattern
+
+
+class FeedForward(nn.Module):
+    """GEGLU feed-forward, as DALLE-pytorch uses."""
+
+    def __init__(self, dim: int, mult: int, dropout: float) -> None:
+        super().__init__()
+        self.proj_in = nn.Linear(dim, dim * mult * 2)
+        self.dropout = nn.Dropout(dropout)
+        self.proj_out = nn.Linear(dim * mult, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x, gate = self.proj_in(x).chunk(2, dim=-1)
+        return self.proj_out(self.dropout(x * F.gelu(gate)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, dim_head: int, ff_mult: int, attn_dropout: float,
+                 ff_dropout: float, pattern_name: str) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads, dim_head, attn_dropout, build_pattern(pattern_name))
+        self.ff_norm = nn.LayerNorm(dim)
+        self.ff = FeedForward(dim, ff_mult, ff_dropout)
+
+    def forward(self, x: Tensor, layout: SequenceLayout,
+                cache: LayerKVCache | None = None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), layout, cache)
+        return x + self.ff(self.ff_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, dim: int, depth: int, heads: int, dim_head: int, ff_mult: int,
+                 attn_dropout: float, ff_dropout: float, attn_types: tuple[str, ...]) -> None:
+        super().__init__()
+        self.heads, self.dim_head = heads, dim_head
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, dim_head, ff_mult, attn_dropout, ff_dropout,
+                  attn_types[i % len(attn_types)])
+            for i in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim)
+
+    def new_cache(self, batch: int, max_len: int, device: torch.device,
+                  dtype: torch.dtype) -> list[LayerKVCache]:
+        return [LayerKVCache(batch, self.heads, max_len, self.dim_head, device, dtype)
+                for _ in self.blocks]
+
+    def forward(self, x: Tensor, layout: SequenceLayout,
+                cache: list[LayerKVCache] | None = None) -> Tensor:
+        for i, block in enumerate(self.blocks):
+            x = block(x, layout, cache[i] if cache is not None else None)
+        return self.norm(x)

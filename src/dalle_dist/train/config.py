@@ -1,0 +1,87 @@
+"""Typed training settings, shared by `train-vae` and `train`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dalle_dist.config_base import DictConfig
+from dalle_dist.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TrainConfig(DictConfig):
+    epochs: int = 20
+    batch_size: int = 32
+    learning_rate: float = 3e-4
+    clip_grad_norm: float | None = 0.5
+    save_every_n_steps: int = 1000
+    sample_every_n_steps: int = 500
+    log_every_n_steps: int = 10
+    seed: int = 42
+
+    def validate(self) -> None:
+        if self.epochs <= 0:
+            raise ConfigError(f"--epochs must be positive, got {self.epochs}")
+        if self.batch_size <= 0:
+            raise ConfigError(f"--batch_size must be positive, got {self.batch_size}")
+        if self.learning_rate < 0:
+            raise ConfigError(f"--learning_rate must not be negative, got {self.learning_rate}")
+        if self.clip_grad_norm is not None and self.clip_grad_norm < 0:
+            raise ConfigError(f"--clip_grad_norm must not be negative, got {self.clip_grad_norm}")
+        for name in ("save_every_n_steps", "sample_every_n_steps", "log_every_n_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name} must be >= 0 (0 turns it off)")
+
+
+@dataclass(frozen=True)
+class VAESchedule(DictConfig):
+    """Gumbel temperature annealing and learning-rate decay, applied every `anneal_every` steps.
+
+    temperature = max(starting_temp * exp(-anneal_rate * step), temp_min)
+    """
+
+    starting_temp: float = 1.0
+    temp_min: float = 0.5
+    anneal_rate: float = 1e-3
+    lr_decay_rate: float = 0.98
+    anneal_every: int = 100
+
+    def validate(self) -> None:
+        if self.starting_temp <= 0 or self.temp_min <= 0:
+            raise ConfigError("--starting_temp and --temp_min must be positive")
+        if self.anneal_rate < 0:
+            raise ConfigError("--anneal_rate must not be negative")
+        if not 0 < self.lr_decay_rate <= 1:
+            raise ConfigError(f"--lr_decay_rate must be in (0, 1], got {self.lr_decay_rate}")
+        if self.anneal_every <= 0:
+            raise ConfigError("--anneal_every must be positive")
+
+    def temperature(self, step: int) -> float:
+        """The temperature in force after `step` steps (derived, so resuming needs no state)."""
+        applied = step // self.anneal_every * self.anneal_every
+        return max(self.starting_temp * pow(2.718281828459045, -self.anneal_rate * applied),
+                   self.temp_min)
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where a run writes: the checkpoint, its metrics and its sample grids, side by side."""
+
+    checkpoint: Path
+
+    @classmethod
+    def for_output(cls, name: str) -> RunPaths:
+        """DALLE-pytorch's --*_output_file_name takes "dalle" or "dalle.pt"."""
+        path = Path(name)
+        if path.suffix != ".pt":
+            path = path.with_name(path.name + ".pt")
+        return cls(path)
+
+    @property
+    def metrics(self) -> Path:
+        return self.checkpoint.with_suffix(".metrics.jsonl")
+
+    @property
+    def samples(self) -> Path:
+        return self.checkpoint.with_name(self.checkpoint.stem + "-samples")

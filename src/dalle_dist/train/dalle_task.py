@@ -1,0 +1,58 @@
+"""Training DALL-E on image tokens from a frozen VAE (DALLE-pytorch's train_dalle.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from PIL import Image
+
+from dalle_dist.data.images import make_grid
+from dalle_dist.data.tokenizer import Tokenizer
+from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE
+from dalle_dist.train.config import TrainConfig
+from dalle_dist.train.task import Batch, Task
+
+SAMPLE_IMAGES = 8
+
+
+class DALLETask(Task):
+    kind = "dalle"
+
+    def __init__(self, config: DALLEConfig, vae: DiscreteVAE, tokenizer: Tokenizer,
+                 train: TrainConfig, data: dict[str, Any], lr_decay: bool,
+                 device: torch.device) -> None:
+        self.config, self.train, self.data = config, train, data
+        self.tokenizer = tokenizer
+        self.vae = vae.to(device).eval().requires_grad_(False)
+        self.model = DALLE(config)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train.learning_rate)
+        # DALLE-pytorch's --lr_decay: halve the rate when the epoch loss stops falling.
+        self.scheduler = (torch.optim.lr_scheduler.ReduceLROnPlateau(
+            self.optimizer, mode="min", factor=0.5, patience=10, cooldown=10, min_lr=1e-6)
+            if lr_decay else None)
+
+    def inputs(self, batch: Batch, device: torch.device) -> tuple[Any, ...]:
+        images, text, _ = batch
+        image_tokens = self.vae.get_codebook_indices(images.to(device, non_blocking=True))
+        return text.to(device, non_blocking=True), image_tokens
+
+    def after_epoch(self, epoch: int, mean_loss: float) -> None:
+        if self.scheduler is not None:
+            self.scheduler.step(mean_loss)
+
+    @torch.no_grad()
+    def sample_grid(self, batch: Batch, device: torch.device) -> Image.Image:
+        """Top row: training images; bottom row: images sampled from their captions."""
+        images, text, _ = batch
+        images, text = images[:SAMPLE_IMAGES].to(device), text[:SAMPLE_IMAGES].to(device)
+        generated = self.model.generate_images(text, self.vae, filter_thres=0.9)
+        return make_grid(torch.cat([images, generated]).cpu(), nrow=len(images))
+
+    def configs(self) -> dict[str, Any]:
+        return {"model": self.config.to_dict(), "vae": self.vae.config.to_dict(),
+                "train": self.train.to_dict(), "data": self.data,
+                "tokenizer": self.tokenizer.to_dict()}
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"vae_weights": self.vae.state_dict()}
