@@ -36,14 +36,16 @@ def read_checkpoint_file(path: str | Path, flag: str) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        if "weights_only" in str(exc) or "Weights only" in str(exc):
+        # torch says "Weights only load failed" for any file it cannot unpickle safely;
+        # only "Unsupported global" means the file really names Python code to run.
+        if "Unsupported global" in str(exc) or "Unsupported class" in str(exc):
             raise CheckpointError(
                 f"{flag} {path} carries pickled Python objects, refused unread "
                 "(loading it could run arbitrary code)",
                 "use a checkpoint written by dalle-dist, or export safetensors",
             ) from None
-        raise CheckpointError(f"{flag} {path} is not a readable checkpoint ({exc})",
-                              "the file is corrupt or not a checkpoint") from None
+        raise CheckpointError(f"{flag} {path} is not a readable checkpoint (not a torch file)",
+                              "the file is truncated or corrupt; use an earlier one") from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CheckpointError(f"{flag} {path} is not a readable checkpoint ({reason})",

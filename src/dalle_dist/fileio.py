@@ -5,11 +5,18 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 from dalle_dist.errors import OutputError
+
+
+def _default_file_mode() -> int:
+    """What open() would give a new file: 0o666 less the umask (mkstemp uses 0o600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 @contextlib.contextmanager
@@ -18,10 +25,13 @@ def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
 
     The data goes to a temporary file in the same directory, is fsynced, then renamed over
     `path` (atomic on POSIX); the directory is fsynced so the rename survives a crash too.
+    Missing parent directories are created here, at the first write, not before.
     """
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _default_file_mode())
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -38,21 +48,23 @@ def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
         os.close(dir_fd)
 
 
-def write_atomic(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Call `write(f)` on an atomic_writer for `path`."""
-    with atomic_writer(path) as f:
-        write(f)
-
-
 def ensure_writable_dir(directory: str | Path, flag: str) -> Path:
-    """Create `directory` if needed and prove a file can be written there.
+    """Prove that files can be written in `directory`, creating nothing.
 
     Called before long work starts, so an unwritable output fails in seconds, not hours.
+    A directory that does not exist yet is judged by its nearest existing ancestor, which
+    is where it would be created.
     """
     directory = Path(directory)
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        where = f"{directory} is a file" if probe == directory else f"{probe} is a file"
+        raise OutputError(f"cannot write to {directory} ({where}, not a folder)",
+                          f"choose another location with {flag}")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):
+        with tempfile.TemporaryFile(dir=probe):
             pass
     except OSError as exc:
         raise OutputError(
@@ -63,11 +75,11 @@ def ensure_writable_dir(directory: str | Path, flag: str) -> Path:
 
 
 def ensure_writable_file(path: str | Path, flag: str) -> Path:
-    """Check that `path` can be (re)written: its directory is writable and it is not a folder."""
+    """Check that `path` can be (re)written: its folder is writable and it is not a folder."""
     path = Path(path)
     if path.is_dir():
         raise OutputError(f"{path} is a directory", f"give a file name with {flag}")
-    ensure_writable_dir(path.parent if str(path.parent) else Path("."), flag)
+    ensure_writable_dir(path.parent, flag)
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputError(f"{path} exists and is not writable", f"choose another {flag}")
     return path

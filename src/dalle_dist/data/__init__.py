@@ -32,6 +32,8 @@ def build_dataset(config: DataConfig, image_size: int, require_captions: bool,
     if config.builtin:
         if config.shapes_count <= 0:
             raise ConfigError(f"--shapes_count must be positive, got {config.shapes_count}")
+        if config.shapes_seed < 0:
+            raise ConfigError(f"--shapes_seed must be >= 0, got {config.shapes_seed}")
         return ShapesDataset(config.shapes_count, image_size, config.shapes_seed)
     return TextImageFolder(config.image_text_folder, image_size, config.resize_ratio,
                            require_captions=require_captions, flag=flag)

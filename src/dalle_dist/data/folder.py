@@ -84,7 +84,7 @@ class TextImageFolder(Dataset):
             lines: list[str] = []
             if caption_path.exists():
                 lines = _caption_lines(caption_path)
-                if not lines:
+                if not lines and require_captions:
                     self.report.empty_captions.append(caption_path)
                     continue
             elif require_captions:
@@ -109,6 +109,8 @@ class TextImageFolder(Dataset):
         return [line for lines in self.captions for line in lines]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, str]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} images")
         # verify() at scan time does not decode pixels: a truncated file can still fail here.
         for attempt in range(len(self)):
             path = self.images[(index + attempt) % len(self)]

@@ -114,6 +114,8 @@ class ShapesDataset(Dataset):
         return sample_spec(self.seed, index)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, str]:
+        if not 0 <= index < self.count:
+            raise IndexError(f"index {index} out of range for {self.count} images")
         spec = self.spec(index)
         return pil_to_tensor(render(spec, self.image_size)), spec.caption
 

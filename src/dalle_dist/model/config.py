@@ -39,11 +39,11 @@ class VAEConfig(DictConfig):
         factor = 2**self.num_layers
         if self.image_size % factor:
             lower = self.image_size // factor * factor
+            examples = " or ".join(str(s) for s in (lower, lower + factor) if s > 0)
             raise ConfigError(
                 f"--image_size {self.image_size} cannot be downsampled evenly by "
                 f"--num_layers {self.num_layers} (factor {factor})",
-                f"use an image size divisible by {factor}, e.g. {max(lower, factor)} "
-                f"or {lower + factor}",
+                f"use an image size divisible by {factor}, e.g. {examples}",
             )
 
 

@@ -23,8 +23,10 @@ def sample_tokens(logits: Tensor, filter_thres: float, temperature: float,
     The noise is drawn for the whole row whatever the logits are, so two computations of
     nearly equal logits (cached and uncached sampling) consume the generator identically.
     """
-    filtered = top_k_filter(logits, filter_thres)
+    # float32 at least: Gumbel noise drawn in bf16 skews the distribution badly.
+    filtered = top_k_filter(logits.float() if logits.dtype in (torch.float16, torch.bfloat16)
+                            else logits, filter_thres)
     uniform = torch.rand(filtered.shape, generator=generator, device=logits.device,
-                         dtype=logits.dtype)
+                         dtype=filtered.dtype)
     gumbel = -torch.log((-torch.log(uniform.clamp_min(1e-20))).clamp_min(1e-20))
     return (filtered / max(temperature, 1e-6) + gumbel).argmax(dim=-1)

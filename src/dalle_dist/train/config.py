@@ -29,6 +29,8 @@ class TrainConfig(DictConfig):
             raise ConfigError(f"--learning_rate must not be negative, got {self.learning_rate}")
         if self.clip_grad_norm is not None and self.clip_grad_norm < 0:
             raise ConfigError(f"--clip_grad_norm must not be negative, got {self.clip_grad_norm}")
+        if self.seed < 0:
+            raise ConfigError(f"--seed must be >= 0, got {self.seed}")
         for name in ("save_every_n_steps", "sample_every_n_steps", "log_every_n_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} must be >= 0 (0 turns it off)")
