@@ -1,0 +1,56 @@
+"""Shared bench helpers: thread pinning, a measured matmul peak, peak RSS, JSON output."""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def set_threads(threads: int) -> None:
+    torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)
+
+
+def matmul_peak_flops(size: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 FLOP/s of a square matmul: the machine's practical peak at this thread count."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(2):
+        a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def time_steps(step: Callable[[], None], warmup: int, steps: int) -> list[float]:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def emit(result: dict[str, Any]) -> None:
+    json.dump(result, sys.stdout, indent=2)
+    sys.stdout.write("\n")

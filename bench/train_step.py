@@ -1,0 +1,104 @@
+"""Training throughput of DALL-E on one process, printed as JSON.
+
+Default config (the foundation issue's): DALLE dim 256, depth 4, heads 4, dim_head 64,
+text_seq_len 32, 1000 text tokens; VAE image_size 64, num_layers 2, num_tokens 512
+(16x16 = 256 image tokens); batch 8, fp32, 2 threads. A step = VAE encoding of the batch
+(no grad, as DALLE-pytorch does inside forward) + forward + backward + clip + Adam step.
+
+MFU counts the matmul FLOPs of the transformer and the output projection only:
+  per token and layer, forward: 2 * (4*d*inner + 3*ff_mult*d*d)      (qkv + out; GEGLU in/out)
+                                + 2 * 2 * n * inner                  (QK^T and AV over n keys)
+  per token, forward, logits:   2 * d * vocab_of_its_position
+  training = 3 x forward (backward costs twice the forward).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import emit, matmul_peak_flops, median, peak_rss_mb, set_threads, time_steps
+
+from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
+
+#: lucidrains/DALLE-pytorch 1.6.6 on this machine, same config, full attention (issue #2).
+REFERENCE_SAMPLES_PER_S = 13.4
+
+
+def training_flops_per_step(cfg: DALLEConfig, batch: int) -> float:
+    inner = cfg.heads * cfg.dim_head
+    n = cfg.text_seq_len + cfg.image_seq_len  # sequence length fed to the transformer
+    per_token_layer = 2 * (4 * cfg.dim * inner + 3 * cfg.ff_mult * cfg.dim * cfg.dim)
+    per_token_layer += 2 * 2 * n * inner
+    text_vocab = cfg.num_text_tokens + cfg.text_seq_len
+    logits = 2 * cfg.dim * (cfg.text_seq_len * text_vocab + cfg.image_seq_len
+                            * cfg.num_image_tokens)
+    forward = batch * (n * cfg.depth * per_token_layer + logits)
+    return 3.0 * forward
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--dim_head", type=int, default=64)
+    parser.add_argument("--text_seq_len", type=int, default=32)
+    parser.add_argument("--num_text_tokens", type=int, default=1000)
+    parser.add_argument("--image_size", type=int, default=64)
+    parser.add_argument("--num_tokens", type=int, default=512)
+    parser.add_argument("--num_layers", type=int, default=2)
+    args = parser.parse_args()
+
+    set_threads(args.threads)
+    torch.manual_seed(0)
+    vae = DiscreteVAE(VAEConfig(image_size=args.image_size, num_tokens=args.num_tokens,
+                                num_layers=args.num_layers)).eval()
+    cfg = DALLEConfig(num_text_tokens=args.num_text_tokens, text_seq_len=args.text_seq_len,
+                      num_image_tokens=args.num_tokens, image_fmap_size=vae.config.fmap_size,
+                      dim=args.dim, depth=args.depth, heads=args.heads, dim_head=args.dim_head)
+    model = DALLE(cfg)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-4)
+    text = torch.randint(1, args.num_text_tokens, (args.batch, args.text_seq_len))
+    text[:, args.text_seq_len // 2:] = 0  # half padding, like real captions
+    images = torch.rand(args.batch, 3, args.image_size, args.image_size)
+
+    def step() -> None:
+        image_tokens = vae.get_codebook_indices(images)
+        loss = model(text, image_tokens)["loss"]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    times = time_steps(step, args.warmup, args.steps)
+    step_s = median(times)
+    peak = matmul_peak_flops()
+    flops = training_flops_per_step(cfg, args.batch)
+    samples_per_s = args.batch / step_s
+    emit({
+        "bench": "train_step",
+        "config": vars(args),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "samples_per_s": round(samples_per_s, 2),
+        "median_step_s": round(step_s, 4),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "flops_per_step": flops,
+        "achieved_gflops": round(flops / step_s / 1e9, 1),
+        "matmul_peak_gflops": round(peak / 1e9, 1),
+        "mfu": round(flops / step_s / peak, 3),
+        "reference_samples_per_s": REFERENCE_SAMPLES_PER_S,
+        "speedup_vs_reference": round(samples_per_s / REFERENCE_SAMPLES_PER_S, 2),
+    })
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""`generate` end to end: the files a user gets, and that --seed makes them repeatable.
+
+Three real runs of the CLI on tiny_dalle are shared by the module (each costs a process
+start), then each test reads what they wrote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tests.conftest import run_cli
+
+PROMPTS = "a small red circle on the left|a large blue square at the top"
+FOLDERS = ["a_small_red_circle_on_the_left", "a_large_blue_square_at_the_top"]
+FILES = {"0.png", "1.png", "2.png", "grid.png"}
+
+
+@dataclass(frozen=True)
+class Run:
+    outputs: Path
+    stdout: str
+
+
+def generate(tiny_dalle: Path, outputs: Path, seed: int) -> Run:
+    """Three images per prompt in batches of two, so the last batch is a partial one."""
+    result = run_cli("generate", "--dalle_path", str(tiny_dalle), "--text", PROMPTS,
+                     "--num_images", "3", "--batch_size", "2", "--seed", str(seed),
+                     "--outputs_dir", str(outputs), "--device", "cpu", cwd=outputs.parent)
+    assert result.returncode == 0, result.stderr
+    return Run(outputs, result.stdout)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, tiny_dalle: Path) -> dict[str, Run]:
+    root = tmp_path_factory.mktemp("generate")
+    return {"seed7": generate(tiny_dalle, root / "seed7", 7),
+            "seed7-again": generate(tiny_dalle, root / "seed7-again", 7),
+            "seed8": generate(tiny_dalle, root / "seed8", 8)}
+
+
+def png_bytes(outputs: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(outputs)): p.read_bytes() for p in sorted(outputs.rglob("*.png"))}
+
+
+def test_writes_images_and_grid_per_prompt(runs: dict[str, Run]) -> None:
+    outputs = runs["seed7"].outputs
+    assert sorted(p.name for p in outputs.iterdir()) == sorted(FOLDERS)
+    for folder in FOLDERS:
+        assert {p.name for p in (outputs / folder).iterdir()} == FILES
+        for name in ("0.png", "1.png", "2.png"):
+            with Image.open(outputs / folder / name) as image:
+                assert image.size == (16, 16)
+                assert image.mode == "RGB"
+        with Image.open(outputs / folder / "grid.png") as grid:
+            # three 16px images need two rows of two
+            assert grid.width >= 32 and grid.height >= 32
+
+
+def test_prints_grid_paths(runs: dict[str, Run]) -> None:
+    run = runs["seed7"]
+    printed = [line.removeprefix("grid: ") for line in run.stdout.splitlines()
+               if line.startswith("grid: ")]
+    assert printed == [str(run.outputs / folder / "grid.png") for folder in FOLDERS]
+
+
+def test_same_seed_gives_identical_pngs(runs: dict[str, Run]) -> None:
+    first = png_bytes(runs["seed7"].outputs)
+    assert len(first) == 2 * len(FILES)
+    assert first == png_bytes(runs["seed7-again"].outputs)
+
+
+def test_other_seed_gives_other_images(runs: dict[str, Run]) -> None:
+    first, other = png_bytes(runs["seed7"].outputs), png_bytes(runs["seed8"].outputs)
+    assert first.keys() == other.keys()
+    assert first != other

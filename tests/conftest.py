@@ -1,0 +1,63 @@
+"""Shared test plumbing: one way to run the CLI as a real process, and tiny checkpoints.
+
+Tiny models keep the suite fast; the trained-for-real demo VAE lives in
+tests/train/test_builtin_vae.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY_VAE_FLAGS = [
+    "--image_size", "16", "--num_layers", "2", "--num_tokens", "32", "--emb_dim", "16",
+    "--hidden_dim", "16", "--num_resnet_blocks", "0",
+]
+TINY_DALLE_FLAGS = [
+    "--dim", "32", "--depth", "2", "--heads", "2", "--dim_head", "16", "--text_seq_len", "40",
+]
+TINY_TRAIN_FLAGS = ["--epochs", "1", "--batch_size", "16", "--shapes_count", "64"]
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`python -m dalle_dist ARGS` in a fresh process, as a user would run it."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "dalle_dist", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd, env=full_env, check=False)
+
+
+def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    """DESIGN.md's contract: exit 2, exactly one line `error: ...` on stderr, no traceback."""
+    stderr = result.stderr.strip()
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(stderr.splitlines()) == 1, stderr
+    assert stderr.startswith("error: "), stderr
+    for fragment in fragments:
+        assert fragment in stderr, (fragment, stderr)
+    return stderr
+
+
+@pytest.fixture(scope="session")
+def tiny_vae(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A VAE checkpoint trained for a few steps on 16px shapes, through the CLI."""
+    out = tmp_path_factory.mktemp("tiny_vae") / "vae.pt"
+    result = run_cli("train-vae", *TINY_VAE_FLAGS, *TINY_TRAIN_FLAGS,
+                     "--vae_output_file_name", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_dalle(tmp_path_factory: pytest.TempPathFactory, tiny_vae: Path) -> Path:
+    """A DALL-E checkpoint trained for a few steps on top of tiny_vae, through the CLI."""
+    out = tmp_path_factory.mktemp("tiny_dalle") / "dalle.pt"
+    result = run_cli("train", "--vae_path", str(tiny_vae), *TINY_DALLE_FLAGS, *TINY_TRAIN_FLAGS,
+                     "--fidelity_images", "4", "--dalle_output_file_name", str(out))
+    assert result.returncode == 0, result.stderr
+    return out

@@ -1,0 +1,66 @@
+"""The built-in VAE that `train` trains (or reuses) without --vae_path: the demo's first half.
+
+Trained for real (about two minutes): its reconstructions must keep the scorer's verdict,
+or caption fidelity would measure the VAE rather than DALL-E.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dalle_dist.data.scorer import predict
+from dalle_dist.data.shapes import ShapesDataset
+from dalle_dist.model import DiscreteVAE, VAEConfig
+from tests.conftest import run_cli
+
+TRAIN_FLAGS = ["--epochs", "1", "--shapes_count", "64", "--batch_size", "16", "--dim", "32",
+               "--depth", "1", "--fidelity_images", "8"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A fresh cache, filled by the first `train` run; returns (cache dir, its stdout)."""
+    cache_dir = tmp_path_factory.mktemp("cache")
+    out = tmp_path_factory.mktemp("first") / "dalle"
+    result = run_cli("train", *TRAIN_FLAGS, "--dalle_output_file_name", str(out),
+                     env={"DALLE_DIST_CACHE": str(cache_dir)}, timeout=900)
+    assert result.returncode == 0, result.stderr
+    return cache_dir, result.stdout
+
+
+def test_first_run_trains_and_caches_a_vae(cache: tuple[Path, str]) -> None:
+    cache_dir, stdout = cache
+    assert "no --vae_path given: training a VAE on built-in shapes first" in stdout
+    cached = list((cache_dir / "vae").glob("shapes-32px-*.pt"))
+    assert len(cached) == 1 and ".partial" not in cached[0].name
+    assert not list((cache_dir / "vae").glob("*.partial.pt")), "the partial file was renamed"
+
+
+def test_second_run_reuses_the_cache(cache: tuple[Path, str], tmp_path: Path) -> None:
+    cache_dir, _ = cache
+    before = {p: p.stat().st_mtime_ns for p in (cache_dir / "vae").glob("*.pt")}
+    result = run_cli("train", *TRAIN_FLAGS, "--dalle_output_file_name", str(tmp_path / "d"),
+                     env={"DALLE_DIST_CACHE": str(cache_dir)})
+    assert result.returncode == 0, result.stderr
+    assert "using the cached built-in VAE" in result.stdout
+    assert "training a VAE" not in result.stdout
+    after = {p: p.stat().st_mtime_ns for p in (cache_dir / "vae").glob("*.pt")}
+    assert before == after
+
+
+def test_reconstructions_keep_the_scorer_verdict(cache: tuple[Path, str]) -> None:
+    cache_dir, _ = cache
+    payload = torch.load(next((cache_dir / "vae").glob("*.pt")), weights_only=True)
+    vae = DiscreteVAE(VAEConfig.from_dict(payload["configs"]["model"]))
+    vae.load_state_dict(payload["weights"])
+    vae.eval()
+    held_out = ShapesDataset(500, vae.config.image_size, seed=777)
+    images = torch.stack([held_out[i][0] for i in range(len(held_out))])
+    with torch.no_grad():
+        recons = vae.decode(vae.get_codebook_indices(images))
+    kept = sum(predict(a) == predict(b) for a, b in zip(images, recons, strict=True)) / 500
+    print(f"VAE reconstructions keep the scorer's verdict on {kept:.3f} of 500 images")
+    assert kept >= 0.9
