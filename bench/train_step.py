@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, matmul_peak_flops, median, peak_rss_mb, set_threads, time_steps
 
 from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
+from dalle_dist.train.optim import make_adam
 
 #: lucidrains/DALLE-pytorch 1.6.6 on this machine, same config, full attention (issue #2).
 REFERENCE_SAMPLES_PER_S = 13.4
@@ -66,7 +67,7 @@ def main() -> None:
                       num_image_tokens=args.num_tokens, image_fmap_size=vae.config.fmap_size,
                       dim=args.dim, depth=args.depth, heads=args.heads, dim_head=args.dim_head)
     model = DALLE(cfg)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-4)
+    optimizer = make_adam(model.parameters(), lr=3e-4)
     text = torch.randint(1, args.num_text_tokens, (args.batch, args.text_seq_len))
     text[:, args.text_seq_len // 2:] = 0  # half padding, like real captions
     images = torch.rand(args.batch, 3, args.image_size, args.image_size)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -24,11 +25,15 @@ TINY_TRAIN_FLAGS = ["--epochs", "1", "--batch_size", "16", "--shapes_count", "64
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """`python -m dalle_dist ARGS` in a fresh process, as a user would run it."""
+            timeout: float = 300, prefix: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    """`python -m dalle_dist ARGS` in a fresh process, as a user would run it.
+
+    prefix wraps the command (e.g. setpriv to drop root's privileges).
+    """
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "dalle_dist", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd, env=full_env, check=False)
+    return subprocess.run([*prefix, sys.executable, "-m", "dalle_dist", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env=full_env, check=False)
 
 
 def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:

@@ -45,8 +45,14 @@ def fill(args: Sequence[str], tmp: Path, vae: Path, dalle: Path) -> list[str]:
     return out
 
 
-def run_failing(tmp_path: Path, args: Sequence[str], *fragments: str
-                ) -> subprocess.CompletedProcess[str]:
+# Root ignores permission bits; without the capability that lets it, a 0o555 folder stops
+# root's writes too, so the read-only case runs for real under either user.
+UNPRIVILEGED = (["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+                if os.geteuid() == 0 else [])
+
+
+def run_failing(tmp_path: Path, args: Sequence[str], *fragments: str,
+                prefix: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
     """Run the CLI, insist on the error contract and on no new file under tmp_path.
 
     The built-in VAE cache is redirected into tmp_path too, so a command that wrongly fell
@@ -54,7 +60,7 @@ def run_failing(tmp_path: Path, args: Sequence[str], *fragments: str
     """
     before = snapshot(tmp_path)
     result = run_cli(*args, cwd=tmp_path, timeout=ERROR_TIMEOUT_S,
-                     env={"DALLE_DIST_CACHE": str(tmp_path / "cache")})
+                     env={"DALLE_DIST_CACHE": str(tmp_path / "cache")}, prefix=prefix)
     assert_user_error(result, *fragments)
     after = snapshot(tmp_path)
     assert after == before, f"files left behind: {sorted(after - before)}"
@@ -267,13 +273,14 @@ OUTPUT_FLAGS = {"train-vae": "--vae_output_file_name", "train": "--dalle_output_
 COMMANDS = list(OUTPUT_FLAGS)
 
 
-def assert_fast_and_clean(tmp_path: Path, args: list[str], *fragments: str) -> None:
+def assert_fast_and_clean(tmp_path: Path, args: list[str], *fragments: str,
+                          prefix: Sequence[str] = ()) -> None:
     """The failure comes before training and leaves no checkpoint or metrics anywhere.
 
     "Before training" is read off the output: the loop's first words ("training a VAE",
     "training DALL-E", a dataset summary) must never have been printed.
     """
-    result = run_failing(tmp_path, args, *fragments)
+    result = run_failing(tmp_path, args, *fragments, prefix=prefix)
     assert "training" not in result.stdout and "found" not in result.stdout, result.stdout
     assert "built-in shapes" not in result.stdout, result.stdout
     leftovers = [p for p in tmp_path.rglob("*")
@@ -284,16 +291,13 @@ def assert_fast_and_clean(tmp_path: Path, args: list[str], *fragments: str) -> N
 @pytest.mark.parametrize("command", COMMANDS)
 def test_output_under_read_only_dir(tmp_path: Path, tiny_vae: Path, tiny_dalle: Path,
                                     command: str) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("running as root: chmod 0o555 does not stop root from writing "
-                    "(the parent-is-a-file variant covers this case)")
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o555)
     try:
         assert_fast_and_clean(
             tmp_path, output_args(command, str(locked / "out"), tiny_vae, tiny_dalle),
-            OUTPUT_FLAGS[command], "locked")
+            OUTPUT_FLAGS[command], "locked", "Permission denied", prefix=UNPRIVILEGED)
     finally:
         locked.chmod(0o755)  # so pytest can clean tmp_path up
 

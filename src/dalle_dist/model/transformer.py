@@ -10,17 +10,21 @@ from dalle_dist.model.attention import Attention, LayerKVCache, SequenceLayout, 
 
 
 class FeedForward(nn.Module):
-    """GEGLU feed-forward, as DALLE-pytorch uses."""
+    """GEGLU feed-forward, as DALLE-pytorch uses.
+
+    Value and gate are two projections rather than one split in half: the split's backward
+    concatenates the two gradients, a full copy of the widest activation in every layer.
+    """
 
     def __init__(self, dim: int, mult: int, dropout: float) -> None:
         super().__init__()
-        self.proj_in = nn.Linear(dim, dim * mult * 2)
+        self.to_value = nn.Linear(dim, dim * mult)
+        self.to_gate = nn.Linear(dim, dim * mult)
         self.dropout = nn.Dropout(dropout)
         self.proj_out = nn.Linear(dim * mult, dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        x, gate = self.proj_in(x).chunk(2, dim=-1)
-        return self.proj_out(self.dropout(x * F.gelu(gate)))
+        return self.proj_out(self.dropout(self.to_value(x) * F.gelu(self.to_gate(x))))
 
 
 class Block(nn.Module):

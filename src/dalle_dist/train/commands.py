@@ -71,7 +71,7 @@ def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
     log.info(describe_dataset(dataset))
     loader = make_loader(dataset, train_cfg, data_cfg, CaptionCollate(None, 0, False))
 
-    task = VAETask(vae_cfg, schedule, train_cfg, data_cfg.to_dict())
+    task = VAETask(vae_cfg, schedule, train_cfg, data_cfg.to_dict(), backend.device)
     engine = backend.distribute(task.model, task.optimizer, task.scheduler)
     log.info(f"training a VAE: {vae_cfg.image_size}px -> {vae_cfg.fmap_size}x"
              f"{vae_cfg.fmap_size} tokens of {vae_cfg.num_tokens}, {train_cfg.epochs} epochs "

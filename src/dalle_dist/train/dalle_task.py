@@ -11,6 +11,7 @@ from dalle_dist.data.images import make_grid
 from dalle_dist.data.tokenizer import Tokenizer
 from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE
 from dalle_dist.train.config import TrainConfig
+from dalle_dist.train.optim import make_adam
 from dalle_dist.train.task import Batch, Task
 
 SAMPLE_IMAGES = 8
@@ -25,8 +26,8 @@ class DALLETask(Task):
         self.config, self.train, self.data = config, train, data
         self.tokenizer = tokenizer
         self.vae = vae.to(device).eval().requires_grad_(False)
-        self.model = DALLE(config)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train.learning_rate)
+        self.model = DALLE(config).to(device)
+        self.optimizer = make_adam(self.model.parameters(), train.learning_rate)
         # DALLE-pytorch's --lr_decay: halve the rate when the epoch loss stops falling.
         self.scheduler = (torch.optim.lr_scheduler.ReduceLROnPlateau(
             self.optimizer, mode="min", factor=0.5, patience=10, cooldown=10, min_lr=1e-6)

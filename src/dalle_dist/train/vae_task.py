@@ -10,6 +10,7 @@ from PIL import Image
 from dalle_dist.data.images import make_grid
 from dalle_dist.model import DiscreteVAE, VAEConfig
 from dalle_dist.train.config import TrainConfig, VAESchedule
+from dalle_dist.train.optim import make_adam
 from dalle_dist.train.task import Batch, Task
 
 #: Images shown per row of a sample grid.
@@ -20,10 +21,10 @@ class VAETask(Task):
     kind = "vae"
 
     def __init__(self, config: VAEConfig, schedule: VAESchedule, train: TrainConfig,
-                 data: dict[str, Any]) -> None:
+                 data: dict[str, Any], device: torch.device) -> None:
         self.config, self.schedule, self.train, self.data = config, schedule, train, data
-        self.model = DiscreteVAE(config)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train.learning_rate)
+        self.model = DiscreteVAE(config).to(device)
+        self.optimizer = make_adam(self.model.parameters(), train.learning_rate)
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer,
                                                                 gamma=schedule.lr_decay_rate)
         self.temperature = schedule.starting_temp
