@@ -43,15 +43,23 @@ def random_resized_crop(image: Image.Image, size: int, lower_ratio: float,
     return image.resize((size, size), Image.Resampling.BICUBIC, box=(x, y, x + side, y + side))
 
 
-def make_grid(images: torch.Tensor, nrow: int | None = None, pad: int = 2) -> Image.Image:
-    """[b, 3, H, W] in [0, 1] -> one PIL image with the pictures in rows of nrow."""
+def make_grid(images: torch.Tensor, nrow: int | None = None, pad: int = 2,
+              min_cell: int = 64) -> Image.Image:
+    """[b, 3, H, W] in [0, 1] -> one PIL image with the pictures in rows of nrow.
+
+    Pictures smaller than min_cell are enlarged by a whole factor (nearest neighbour, so
+    every pixel stays visible): a grid of 32 px shapes is otherwise too small to look at.
+    """
     b, _, h, w = images.shape
+    scale = max(1, min_cell // max(h, w))
+    h, w = h * scale, w * scale
     nrow = nrow or max(1, math.ceil(math.sqrt(b)))
     rows = math.ceil(b / nrow)
     grid = Image.new("RGB", (nrow * (w + pad) + pad, rows * (h + pad) + pad), (255, 255, 255))
     for i in range(b):
         r, c = divmod(i, nrow)
-        grid.paste(tensor_to_pil(images[i]), (pad + c * (w + pad), pad + r * (h + pad)))
+        cell = tensor_to_pil(images[i]).resize((w, h), Image.Resampling.NEAREST)
+        grid.paste(cell, (pad + c * (w + pad), pad + r * (h + pad)))
     return grid
 
 
