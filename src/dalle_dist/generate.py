@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from dalle_dist.checkpoint_io import read_checkpoint_file
 from dalle_dist.data.images import make_grid, save_png, tensor_to_pil
-from dalle_dist.data.tokenizer import Tokenizer, tokenize, tokenizer_from_dict
-from dalle_dist.errors import CheckpointError, ConfigError
+from dalle_dist.data.tokenizer import Tokenizer, tokenize
+from dalle_dist.errors import ConfigError
 from dalle_dist.fileio import ensure_writable_dir
-from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
+from dalle_dist.model import DALLE, DiscreteVAE
+from dalle_dist.train.checkpoint import dalle_parts, load_checkpoint
 
 
 @dataclass(frozen=True)
@@ -48,18 +48,11 @@ class Sampler:
 
 
 def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_path") -> Sampler:
-    payload = read_checkpoint_file(path, flag)
-    if payload["kind"] != "dalle":
-        raise CheckpointError(
-            f"{flag} {path} is a VAE checkpoint, but {flag} needs a DALL-E one",
-            "train one with dalle-dist train --vae_path " + str(path))
-    configs = payload["configs"]
-    model = DALLE(DALLEConfig.from_dict(configs["model"]))
+    payload = load_checkpoint(str(path), flag, "dalle")
+    config, vae, tokenizer = dalle_parts(payload)
+    model = DALLE(config)
     model.load_state_dict(payload["weights"])
-    vae = DiscreteVAE(VAEConfig.from_dict(configs["vae"]))
-    vae.load_state_dict(payload["vae_weights"])
-    return Sampler(model.to(device).eval(), vae.to(device).eval(),
-                   tokenizer_from_dict(configs["tokenizer"]))
+    return Sampler(model.to(device).eval(), vae.to(device).eval(), tokenizer)
 
 
 def split_prompts(text: str) -> list[str]:

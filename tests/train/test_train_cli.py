@@ -122,3 +122,18 @@ def test_folder_without_vae_path_is_refused(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "--vae_path is required" in result.stderr
     assert not (tmp_path / "dalle.pt").exists()
+
+
+def test_sample_grids_do_not_change_training(tmp_path: Path, tiny_vae: Path) -> None:
+    """Same seed, grids every step or never: bit-identical weights (sampling uses its own RNG)."""
+    weights = []
+    for every in ("1", "0"):
+        out = tmp_path / f"every{every}"
+        result = run_cli("train", "--vae_path", str(tiny_vae), *TINY_DALLE_FLAGS,
+                         *TINY_TRAIN_FLAGS, "--fidelity_images", "0", "--attn_dropout", "0.1",
+                         "--sample_every_n_steps", every, "--dalle_output_file_name", str(out))
+        assert result.returncode == 0, result.stderr
+        weights.append(torch.load(tmp_path / f"every{every}.pt", weights_only=True)["weights"])
+    assert len(list((tmp_path / "every1-samples").glob("step-*.png"))) == STEPS_PER_EPOCH
+    for name, tensor in weights[0].items():
+        assert torch.equal(tensor, weights[1][name]), name

@@ -16,10 +16,11 @@ import torch
 
 from dalle_dist import __version__
 from dalle_dist.checkpoint_io import FORMAT_VERSION, read_checkpoint_file
+from dalle_dist.data.tokenizer import Tokenizer, tokenizer_from_dict
 from dalle_dist.errors import CheckpointError
+from dalle_dist.model import DALLEConfig, DiscreteVAE, VAEConfig
 
 KIND_NAMES = {"vae": "a VAE", "dalle": "a DALL-E"}
-KIND_COMMANDS = {"vae": "dalle-dist train-vae", "dalle": "dalle-dist train"}
 
 
 def capture_rng() -> dict[str, Any]:
@@ -66,11 +67,29 @@ def load_checkpoint(path: str, flag: str, kind: str) -> dict[str, Any]:
     payload = read_checkpoint_file(path, flag)
     found = payload["kind"]
     if found != kind:
-        other_flag = {"vae": "--vae_path", "dalle": "--dalle_path"}.get(found, "")
-        raise CheckpointError(
-            f"{flag} {path} is {KIND_NAMES.get(found, repr(found))} checkpoint, "
-            f"but {flag} needs {KIND_NAMES[kind]} one",
-            f"train one with {KIND_COMMANDS[kind]}"
-            + (f", or pass this file as {other_flag}" if other_flag and other_flag != flag else ""),
-        )
+        fix = (f"train a DALL-E on this VAE with: dalle-dist train --vae_path {path}"
+               if kind == "dalle" else
+               "give a VAE from dalle-dist train-vae; a DALL-E checkpoint resumes with "
+               "--dalle_path")
+        raise CheckpointError(f"{flag} {path} is {KIND_NAMES.get(found, repr(found))} "
+                              f"checkpoint, but {flag} needs {KIND_NAMES[kind]} one", fix)
     return payload
+
+
+def vae_from_checkpoint(payload: dict[str, Any]) -> DiscreteVAE:
+    """The VAE of a VAE checkpoint, or the one a DALL-E checkpoint carries, with weights."""
+    configs = payload["configs"]
+    if payload["kind"] == "vae":
+        config, weights = configs["model"], payload["weights"]
+    else:
+        config, weights = configs["vae"], payload["vae_weights"]
+    vae = DiscreteVAE(VAEConfig.from_dict(config))
+    vae.load_state_dict(weights)
+    return vae
+
+
+def dalle_parts(payload: dict[str, Any]) -> tuple[DALLEConfig, DiscreteVAE, Tokenizer]:
+    """What a DALL-E checkpoint alone rebuilds: model config, its VAE and its tokenizer."""
+    configs = payload["configs"]
+    return (DALLEConfig.from_dict(configs["model"]), vae_from_checkpoint(payload),
+            tokenizer_from_dict(configs["tokenizer"]))

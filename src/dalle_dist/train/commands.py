@@ -25,12 +25,17 @@ from dalle_dist.data import (
     describe_dataset,
 )
 from dalle_dist.data.images import make_grid, save_png
-from dalle_dist.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_from_dict
+from dalle_dist.data.tokenizer import load_tokenizer
 from dalle_dist.errors import ConfigError, DataError
 from dalle_dist.fileio import ensure_writable_file
-from dalle_dist.model import DALLEConfig, DiscreteVAE, VAEConfig, build_pattern
+from dalle_dist.model import DALLEConfig, VAEConfig, build_pattern
 from dalle_dist.train.builtin_vae import builtin_vae
-from dalle_dist.train.checkpoint import load_checkpoint, restore_rng
+from dalle_dist.train.checkpoint import (
+    dalle_parts,
+    load_checkpoint,
+    restore_rng,
+    vae_from_checkpoint,
+)
 from dalle_dist.train.config import RunPaths, TrainConfig, VAESchedule
 from dalle_dist.train.dalle_task import DALLETask
 from dalle_dist.train.evaluate import evaluate_fidelity
@@ -101,13 +106,6 @@ def ensure_builtin_vae(data_cfg: DataConfig, backend: DistributedBackend, log: R
     return spec.path
 
 
-def _load_vae(payload: dict[str, Any], key: str = "weights") -> DiscreteVAE:
-    vae = DiscreteVAE(VAEConfig.from_dict(payload["configs"]["model" if key == "weights"
-                                                              else "vae"]))
-    vae.load_state_dict(payload[key])
-    return vae
-
-
 def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: DataConfig,
                 output: str, backend: DistributedBackend, *, vae_path: str | None = None,
                 dalle_path: str | None = None, bpe_path: str | None = None,
@@ -130,9 +128,7 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     resume: dict[str, Any] | None = None
     if dalle_path:
         resume = load_checkpoint(dalle_path, "--dalle_path", "dalle")
-        vae = _load_vae(resume, key="vae_weights")
-        tokenizer: Tokenizer = tokenizer_from_dict(resume["configs"]["tokenizer"])
-        model_cfg = DALLEConfig.from_dict(resume["configs"]["model"])
+        model_cfg, vae, tokenizer = dalle_parts(resume)
         log.info(f"resuming {dalle_path} at step {resume['step']} (epoch {resume['epoch']})")
     else:
         if vae_path is None:
@@ -140,7 +136,7 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
                 raise ConfigError("--vae_path is required with --image_text_folder",
                                   "train one first with dalle-dist train-vae --image_folder ...")
             vae_path = str(ensure_builtin_vae(data_cfg, backend, log, cache_dir))
-        vae = _load_vae(load_checkpoint(vae_path, "--vae_path", "vae"))
+        vae = vae_from_checkpoint(load_checkpoint(vae_path, "--vae_path", "vae"))
         tokenizer = load_tokenizer(bpe_path)
         model_cfg = DALLEConfig(num_text_tokens=tokenizer.vocab_size, text_seq_len=text_seq_len,
                                 num_image_tokens=vae.config.num_tokens,
@@ -173,7 +169,6 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
         return None
     result = evaluate_fidelity(task.model, vae, tokenizer, fidelity_images,
                                data_cfg.shapes_seed, backend.device)
-    paths.samples.mkdir(parents=True, exist_ok=True)
     save_png(make_grid(result.images), paths.samples / "fidelity.png")
     log.info(f"fidelity grid: {paths.samples / 'fidelity.png'}")
     log.info(result.line)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -58,6 +59,13 @@ def step_scalars(outputs: dict[str, torch.Tensor], loss: float,
     return values
 
 
+def write_samples(task: Task, batch: Batch, device: torch.device, path: Path) -> None:
+    """A sample grid, drawn on a forked RNG: how often samples are taken must not change
+    the random numbers training sees (or a resumed run would diverge)."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        save_png(task.sample_grid(batch, device), path)
+
+
 def save_checkpoint(task: Task, engine: Engine, backend: DistributedBackend, paths: RunPaths,
                     state: LoopState) -> None:
     if backend.is_root:
@@ -99,9 +107,7 @@ def train(task: Task, engine: Engine, backend: DistributedBackend,
                 window = MetricWindow()
             if config.sample_every_n_steps and state.step % config.sample_every_n_steps == 0:
                 if backend.is_root:
-                    paths.samples.mkdir(parents=True, exist_ok=True)
-                    save_png(task.sample_grid(batch, device),
-                             paths.samples / f"step-{state.step:07d}.png")
+                    write_samples(task, batch, device, paths.samples / f"step-{state.step:07d}.png")
             if config.save_every_n_steps and state.step % config.save_every_n_steps == 0:
                 save_checkpoint(task, engine, backend, paths, state)
 
