@@ -57,6 +57,8 @@ def main() -> None:
     parser.add_argument("--image_size", type=int, default=64)
     parser.add_argument("--num_tokens", type=int, default=512)
     parser.add_argument("--num_layers", type=int, default=2)
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile each transformer block (compile time not counted)")
     args = parser.parse_args()
 
     set_threads(args.threads)
@@ -67,6 +69,9 @@ def main() -> None:
                       num_image_tokens=args.num_tokens, image_fmap_size=vae.config.fmap_size,
                       dim=args.dim, depth=args.depth, heads=args.heads, dim_head=args.dim_head)
     model = DALLE(cfg)
+    if args.compile:
+        for block in model.transformer.blocks:
+            block.compile()
     optimizer = make_adam(model.parameters(), lr=3e-4)
     text = torch.randint(1, args.num_text_tokens, (args.batch, args.text_seq_len))
     text[:, args.text_seq_len // 2:] = 0  # half padding, like real captions
