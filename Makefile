@@ -1,33 +1,42 @@
 # Two commands do all the set-up: `make demo` and `make test` create .venv on first use.
 # torch==2.13.0 is installed first and exactly: a looser spec pulls a multi-GB CUDA build.
+# `make test` adds the engines it tests for real: DeepSpeed from PyPI, and Horovod 0.28.1
+# built against this torch by scripts/build_horovod.sh (the wheel is cached under
+# ~/.cache/dalle_dist/wheels, so only the first build on a machine takes minutes).
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+BASE := $(VENV)/.installed
+ENGINES := $(VENV)/.installed-engines
 DEMO_DIR ?= demo
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml
+$(BASE): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(BASE)
+
+$(ENGINES): $(BASE) scripts/build_horovod.sh
+	scripts/build_horovod.sh $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev,deepspeed,horovod,webdataset]'
+	touch $(ENGINES)
 
 # Trains a VAE (or reuses the cached one) and DALL-E on the built-in shapes, then prints
 # "caption fidelity: F over N images" as its last line.
-demo: $(STAMP)
+demo: $(BASE)
 	$(BIN)/dalle-dist train --dalle_output_file_name $(DEMO_DIR)/dalle
 
-lint: $(STAMP)
+lint: $(BASE)
 	$(BIN)/ruff check src tests bench
 
-test: $(STAMP) lint
+test: $(ENGINES) lint
 	$(BIN)/pytest -q
 
-bench: $(STAMP)
+bench: $(BASE)
 	$(BIN)/python bench/train_step.py
 
 clean:

@@ -1,48 +1,87 @@
 """The contract every distributed backend meets, and the engine it hands the loop.
 
 The training loop holds a DistributedBackend object and the Engine it returns; it never
-asks which backend is running (DESIGN.md, "Layers"). Nothing here knows about DALL-E.
+asks which backend is running (DESIGN.md, "Layers"). Nothing here knows about DALL-E:
+models arrive as nn.Modules, optimizers and schedulers as factories (FSDP and DeepSpeed
+must build them after they have wrapped or sharded the parameters).
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from dalle_dist.backends.precision import Precision
 from dalle_dist.checkpoint_io import write_checkpoint_file
+from dalle_dist.errors import ConfigError
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
+
+
+def parameter_digest(state: dict[str, torch.Tensor]) -> str:
+    """A short hash of every tensor's bytes, to tell whether ranks hold the same model."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        digest.update(name.encode())
+        digest.update(state[name].detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 class Engine:
     """A model with its optimizer and scheduler, driven through one interface.
 
-    This base runs in one process; backends subclass it to wrap DDP, FSDP, DeepSpeed or
-    Horovod behind the same methods.
+    This base runs the model as it is (one process, or replicas kept in step by a
+    subclass); subclasses wrap DDP, FSDP, DeepSpeed or Horovod behind the same methods.
     """
 
+    #: True when no single rank holds all weights (FSDP, ZeRO-3): gathering is collective.
+    shards_parameters: ClassVar[bool] = False
+
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler: Any | None = None) -> None:
+                 scheduler: Any | None, precision: Precision, is_root: bool = True) -> None:
         self.module = module  # the bare model: its state_dict has no wrapper prefixes
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.precision = precision
+        self.is_root = is_root
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
 
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision.autocast():
+            return self._call(*args, **kwargs)
+
     def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        scaler = self.precision.scaler
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+
+    def _parameters_to_clip(self) -> Iterable[torch.Tensor]:
+        return self.module.parameters()
 
     def clip_grad_norm(self, max_norm: float | None) -> float | None:
         """Clip to max_norm and return the norm before clipping (None: no clipping)."""
         if not max_norm:
             return None
-        return float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm))
+        if self.precision.scaler is not None:
+            self.precision.scaler.unscale_(self.optimizer)
+        return float(torch.nn.utils.clip_grad_norm_(self._parameters_to_clip(), max_norm))
 
     def step(self) -> None:
-        self.optimizer.step()
+        scaler = self.precision.scaler
+        if scaler is None:
+            self.optimizer.step()
+        else:
+            scaler.step(self.optimizer)
+            scaler.update()
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -51,40 +90,81 @@ class Engine:
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "weights": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-        }
+    # -- state -----------------------------------------------------------------------
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.module.load_state_dict(state["weights"])
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """All weights, unsharded, on the root rank (None elsewhere). Collective if sharded."""
+        return self.module.state_dict()
+
+    def optimizer_state_dict(self) -> dict[str, Any] | None:
+        """The optimizer state in single-file form on the root rank. Collective if sharded."""
+        return self.optimizer.state_dict()
+
+    def rank_digest(self) -> str:
+        """Hash of the full weights as this rank sees them (sharded engines gather first)."""
+        return parameter_digest(self.module.state_dict())
+
+    def save(self, path: str | Path, meta: dict[str, Any]) -> None:
+        """Write meta + weights + optimizer + scheduler as one file, from the root rank.
+
+        Every rank calls it (gathering a sharded model is collective); only the root writes.
+        """
+        weights, optimizer = self.full_state_dict(), self.optimizer_state_dict()
+        if self.is_root:
+            scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
+            write_checkpoint_file(path, {**meta, "weights": weights, "optimizer": optimizer,
+                                         "scheduler": scheduler})
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Restore optimizer and scheduler state from a single-file checkpoint."""
         if state.get("optimizer"):
             self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler"):
             self.scheduler.load_state_dict(state["scheduler"])
 
-    def save(self, path: str | Path, meta: dict[str, Any]) -> None:
-        """Write meta + weights + optimizer + scheduler as one single-file checkpoint."""
-        write_checkpoint_file(path, {**meta, **self.state_dict()})
-
 
 class DistributedBackend(ABC):
-    """How processes are started, talk to each other, and wrap the model."""
+    """How processes are started, talk to each other, and wrap the model.
+
+    A backend is an object passed around (never module state). Its class can be asked
+    whether it is usable and which flags it adds without importing its engine.
+    """
 
     name: ClassVar[str]
+    #: The pip extra that installs the engine, if it is not torch itself.
+    extra: ClassVar[str | None] = None
+    #: How to start N processes with this backend (for messages and docs).
+    launch_hint: ClassVar[str] = ""
+    #: True when --batch_size is the global batch split over ranks; False: per worker.
+    batch_size_is_global: ClassVar[bool] = True
 
-    @abstractmethod
-    def is_available(self) -> tuple[bool, str]:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.precision_name: str = getattr(args, "precision", "fp32")
+        device = getattr(args, "device", None)
+        self.requested_device = torch.device(device) if device else None
+        self.world_size, self.rank, self.local_rank = 1, 0, 0
+        self.local_world_size = 1
+
+    # -- without an engine -------------------------------------------------------------
+
+    @classmethod
+    def is_available(cls) -> tuple[bool, str]:
         """(usable here, why not), without raising and without side effects."""
+        return True, ""
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Flags only this backend reads (added for every backend, so --help lists them)."""
+
+    # -- process group -----------------------------------------------------------------
 
     @abstractmethod
-    def initialize(self) -> None: ...
+    def initialize(self) -> None:
+        """Join the process group; after it, world_size, rank and local_rank hold."""
 
-    world_size: int = 1
-    rank: int = 0
-    local_rank: int = 0
+    def shutdown(self) -> None:
+        """Leave the process group (nothing to leave in one process)."""
 
     @property
     def is_root(self) -> bool:
@@ -95,8 +175,12 @@ class DistributedBackend(ABC):
         return self.local_rank == 0
 
     @property
-    @abstractmethod
-    def device(self) -> torch.device: ...
+    def device(self) -> torch.device:
+        if self.requested_device is not None:
+            return self.requested_device
+        if torch.cuda.is_available():
+            return torch.device("cuda", self.local_rank % torch.cuda.device_count())
+        return torch.device("cpu")
 
     def barrier(self) -> None:
         """Wait for every rank (nothing to wait for in one process)."""
@@ -105,9 +189,48 @@ class DistributedBackend(ABC):
         """Mean of `tensor` over ranks."""
         return tensor
 
-    @abstractmethod
-    def check_batch_size(self, batch_size: int) -> None: ...
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order."""
+        return [obj]
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank (pickled: only for our own data, never user files)."""
+        return obj
+
+    # -- batches -----------------------------------------------------------------------
+
+    def check_batch_size(self, batch_size: int) -> None:
+        """Raise the same ConfigError on every rank when --batch_size cannot be split."""
+        if batch_size <= 0:
+            raise ConfigError(f"--batch_size must be positive, got {batch_size}")
+        if not self.batch_size_is_global or self.world_size == 1:
+            return
+        if batch_size < self.world_size or batch_size % self.world_size:
+            lower = max(self.world_size, batch_size // self.world_size * self.world_size)
+            raise ConfigError(
+                f"--batch_size {batch_size} is the global batch of backend {self.name} and "
+                f"must be a multiple of the {self.world_size} ranks",
+                f"use --batch_size {lower} or {lower + self.world_size}")
+
+    def rank_batch_size(self, batch_size: int) -> int:
+        """Samples each rank draws per step."""
+        return batch_size // self.world_size if self.batch_size_is_global else batch_size
+
+    def global_batch_size(self, batch_size: int) -> int:
+        return batch_size if self.batch_size_is_global else batch_size * self.world_size
+
+    def check_config(self, batch_size: int) -> None:
+        """Everything about the flags that can fail, checked before any model is built."""
+        self.check_batch_size(batch_size)
+
+    # -- the engine --------------------------------------------------------------------
 
     @abstractmethod
-    def distribute(self, module: nn.Module, optimizer: torch.optim.Optimizer,
-                   scheduler: Any | None = None) -> Engine: ...
+    def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
+                   make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),
+                   clip_grad_norm: float | None = None) -> Engine:
+        """Wrap `module` for this backend and build its optimizer and scheduler.
+
+        shard_units: submodules a sharding backend (FSDP) may shard one by one.
+        clip_grad_norm: for engines that clip inside their step (DeepSpeed).
+        """

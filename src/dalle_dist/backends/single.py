@@ -2,39 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from dalle_dist.backends.base import DistributedBackend, Engine
-from dalle_dist.errors import ConfigError
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+from dalle_dist.backends.base import DistributedBackend, Engine, OptimizerFactory, SchedulerFactory
+from dalle_dist.backends.precision import Precision
 
 
 class SingleBackend(DistributedBackend):
     name = "single"
+    launch_hint = "dalle-dist train ..."
 
-    def __init__(self, device: torch.device | None = None) -> None:
-        self._device = device or default_device()
-
-    def is_available(self) -> tuple[bool, str]:
-        return True, ""
+    @classmethod
+    def on(cls, device: torch.device | None = None, precision: str = "fp32") -> SingleBackend:
+        """A single backend built in code rather than from the command line."""
+        return cls(argparse.Namespace(device=str(device) if device else None,
+                                      precision=precision))
 
     def initialize(self) -> None:
         pass
 
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    def check_batch_size(self, batch_size: int) -> None:
-        if batch_size <= 0:
-            raise ConfigError(f"--batch_size must be positive, got {batch_size}")
-
-    def distribute(self, module: nn.Module, optimizer: torch.optim.Optimizer,
-                   scheduler: Any | None = None) -> Engine:
-        return Engine(module.to(self.device), optimizer, scheduler)
+    def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
+                   make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),
+                   clip_grad_norm: float | None = None) -> Engine:
+        module = module.to(self.device)
+        optimizer = make_optimizer(module.parameters())
+        return Engine(module, optimizer, make_scheduler(optimizer),
+                      Precision(self.precision_name, self.device))

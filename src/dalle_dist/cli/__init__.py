@@ -5,6 +5,7 @@ The only place where a DalleDistError becomes `error: ...` and exit status 2.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
@@ -21,6 +22,9 @@ def build_parser() -> ArgumentParser:
         description="Train and sample DALL-E style text-to-image models; the distributed "
                     "backend, precision and attention pattern are flags.")
     parser.add_argument("--version", action="version", version=f"dalle_dist {__version__}")
+    # The deepspeed launcher passes --local_rank=N before the subcommand.
+    parser.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int,
+                        default=None, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_train_vae(sub)
     add_train(sub)

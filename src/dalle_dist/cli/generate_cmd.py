@@ -36,13 +36,13 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from dalle_dist.backends.single import default_device
+    from dalle_dist.backends import SingleBackend
     from dalle_dist.generate import generate, split_prompts
 
     config = GenerateConfig(num_images=args.num_images, batch_size=args.batch_size,
                             top_k=args.top_k, temperature=args.temperature, seed=args.seed,
                             truncate_captions=args.truncate_captions)
-    device = torch.device(args.device) if args.device else default_device()
+    device = SingleBackend.on(torch.device(args.device) if args.device else None).device
     grids = generate(args.dalle_path, split_prompts(args.text), args.outputs_dir, config, device)
     for grid in grids:
         print(f"grid: {grid}")

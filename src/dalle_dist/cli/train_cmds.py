@@ -7,8 +7,9 @@ defaults (dim 512, 8192 VAE tokens, 128px ...) target real data on GPUs.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
-from dalle_dist.backends import SingleBackend
+from dalle_dist.backends import DistributedBackend, add_backend_arguments, backend_from_args
 from dalle_dist.cli.parser import optional_float
 from dalle_dist.data import DataConfig
 from dalle_dist.model import VAEConfig
@@ -53,7 +54,9 @@ def _add_train_args(parser: argparse.ArgumentParser, defaults: TrainConfig) -> N
                        help="metrics JSONL interval (default %(default)s)")
     group.add_argument("--seed", type=int, default=defaults.seed, help="default %(default)s")
     group.add_argument("--device", default=None,
-                       help="cpu, cuda or cuda:N (default: cuda:0 when available, else cpu)")
+                       help="cpu, cuda or cuda:N (default: the rank's GPU when there is one, "
+                            "else cpu)")
+    add_backend_arguments(parser)
 
 
 def _train_config(args: argparse.Namespace, clip: float | None) -> TrainConfig:
@@ -71,10 +74,16 @@ def _data_config(args: argparse.Namespace, image_size: int) -> DataConfig:
                       shapes_seed=args.shapes_seed, num_workers=args.num_workers)
 
 
-def _backend(args: argparse.Namespace) -> SingleBackend:
-    import torch
-
-    return SingleBackend(torch.device(args.device) if args.device else None)
+def run_on_backend(args: argparse.Namespace, command: Callable[[DistributedBackend], None]
+                   ) -> int:
+    """Choose and join the backend, run the command on it, leave the process group."""
+    backend = backend_from_args(args)
+    backend.initialize()
+    try:
+        command(backend)
+    finally:
+        backend.shutdown()
+    return 0
 
 
 # -- train-vae -----------------------------------------------------------------------
@@ -135,9 +144,9 @@ def run_train_vae(args: argparse.Namespace) -> int:
     schedule = VAESchedule(starting_temp=args.starting_temp, temp_min=args.temp_min,
                            anneal_rate=args.anneal_rate, lr_decay_rate=args.lr_decay_rate)
     vae_cfg.validate()
-    train_vae(vae_cfg, schedule, _train_config(args, None), _data_config(args, args.image_size),
-              args.vae_output_file_name, _backend(args))
-    return 0
+    return run_on_backend(args, lambda backend: train_vae(
+        vae_cfg, schedule, _train_config(args, None), _data_config(args, args.image_size),
+        args.vae_output_file_name, backend))
 
 
 # -- train ---------------------------------------------------------------------------
@@ -196,9 +205,9 @@ def run_train(args: argparse.Namespace) -> int:
                       ff_mult=args.ff_mult, attn_dropout=args.attn_dropout,
                       ff_dropout=args.ff_dropout, loss_img_weight=args.loss_img_weight,
                       attn_types=tuple(t.strip() for t in args.attn_types.split(",") if t.strip()))
-    train_dalle(model_args, _train_config(args, args.clip_grad_norm),
-                _data_config(args, args.image_size), args.dalle_output_file_name,
-                _backend(args), vae_path=args.vae_path, dalle_path=args.dalle_path,
-                bpe_path=args.bpe_path, text_seq_len=args.text_seq_len, lr_decay=args.lr_decay,
-                fidelity_images=args.fidelity_images)
-    return 0
+    return run_on_backend(args, lambda backend: train_dalle(
+        model_args, _train_config(args, args.clip_grad_norm),
+        _data_config(args, args.image_size), args.dalle_output_file_name, backend,
+        vae_path=args.vae_path, dalle_path=args.dalle_path, bpe_path=args.bpe_path,
+        text_seq_len=args.text_seq_len, lr_decay=args.lr_decay,
+        fidelity_images=args.fidelity_images))

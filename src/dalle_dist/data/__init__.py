@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 
 from dalle_dist.data.config import DataConfig
 from dalle_dist.data.folder import TextImageFolder
+from dalle_dist.data.loader import EpochLoader
 from dalle_dist.data.shapes import ShapesDataset
 from dalle_dist.data.tokenizer import Tokenizer, check_caption_lengths, tokenize
 from dalle_dist.errors import ConfigError
@@ -19,6 +20,7 @@ from dalle_dist.errors import ConfigError
 __all__ = [
     "CaptionCollate",
     "DataConfig",
+    "EpochLoader",
     "ShapesDataset",
     "TextImageFolder",
     "build_dataset",

@@ -1,7 +1,8 @@
 """`train-vae` and `train`: typed configs in, a trained checkpoint out.
 
-Each function checks everything that can be checked (configs, output paths, data, the
-VAE and the tokenizer) before the first step, then hands one Task to the training loop.
+Each function checks everything that can be checked (configs, batch split, output paths,
+data, the VAE and the tokenizer) before the first step, then hands one Task to the loop.
+The backend arrives initialized; every rank runs these functions.
 """
 
 from __future__ import annotations
@@ -14,19 +15,20 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from dalle_dist.backends import DistributedBackend
+from dalle_dist.backends import DistributedBackend, Engine, SingleBackend
 from dalle_dist.data import (
     CaptionCollate,
     DataConfig,
+    EpochLoader,
     build_dataset,
     check_captions,
     describe_dataset,
 )
 from dalle_dist.data.images import make_grid, save_png
 from dalle_dist.data.tokenizer import load_tokenizer
-from dalle_dist.errors import ConfigError, DataError
+from dalle_dist.errors import ConfigError
 from dalle_dist.fileio import ensure_writable_file
 from dalle_dist.model import DALLEConfig, VAEConfig, build_pattern
 from dalle_dist.train.builtin_vae import builtin_vae
@@ -39,8 +41,9 @@ from dalle_dist.train.checkpoint import (
 from dalle_dist.train.config import RunPaths, TrainConfig, VAESchedule
 from dalle_dist.train.dalle_task import DALLETask
 from dalle_dist.train.evaluate import evaluate_fidelity
-from dalle_dist.train.loop import LoopState, train
+from dalle_dist.train.loop import LoopState, inference_model, train
 from dalle_dist.train.run_log import RunLog
+from dalle_dist.train.task import Task
 from dalle_dist.train.vae_task import VAETask
 
 
@@ -51,14 +54,27 @@ def seed_everything(seed: int) -> None:
 
 
 def make_loader(dataset: Dataset, train_cfg: TrainConfig, data_cfg: DataConfig,
-                collate: CaptionCollate) -> DataLoader:
-    if len(dataset) < train_cfg.batch_size:
-        raise DataError(f"the dataset has {len(dataset)} items, fewer than --batch_size "
-                        f"{train_cfg.batch_size}", "lower --batch_size or add data")
-    generator = torch.Generator().manual_seed(train_cfg.seed)
-    return DataLoader(dataset, batch_size=train_cfg.batch_size, shuffle=True, drop_last=True,
-                      num_workers=data_cfg.num_workers, collate_fn=collate,
-                      generator=generator, persistent_workers=data_cfg.num_workers > 0)
+                backend: DistributedBackend, collate: CaptionCollate) -> EpochLoader:
+    return EpochLoader(dataset, backend.rank_batch_size(train_cfg.batch_size), backend.rank,
+                       backend.world_size, train_cfg.seed, data_cfg.num_workers, collate)
+
+
+def describe_batch(backend: DistributedBackend, batch_size: int, loader: EpochLoader) -> str:
+    if backend.world_size == 1:
+        return f"batch {batch_size}"
+    per_rank = loader.loader.batch_size
+    return (f"global batch {per_rank * backend.world_size} = {per_rank} per rank x "
+            f"{backend.world_size} ranks ({backend.name})")
+
+
+def distribute(task: Task, backend: DistributedBackend, train_cfg: TrainConfig) -> Engine:
+    engine = backend.distribute(task.model, task.make_optimizer, task.make_scheduler,
+                                shard_units=task.shard_units(task.model),
+                                clip_grad_norm=train_cfg.clip_grad_norm)
+    # Same initial weights everywhere (seeded above); from here on each rank's own stream,
+    # so dropout masks and crops differ between ranks as they would between samples.
+    torch.manual_seed(train_cfg.seed + backend.rank)
+    return engine
 
 
 def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
@@ -67,6 +83,7 @@ def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
     """Train a discrete VAE; returns the checkpoint path."""
     for cfg in (vae_cfg, schedule, train_cfg):
         cfg.validate()
+    backend.check_config(train_cfg.batch_size)
     paths = paths or RunPaths.for_output(output)
     ensure_writable_file(paths.checkpoint, "--vae_output_file_name")
     log = log or RunLog(paths.metrics, backend.is_root)
@@ -74,36 +91,40 @@ def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
     dataset = build_dataset(data_cfg, vae_cfg.image_size, require_captions=False,
                             flag="--image_folder")
     log.info(describe_dataset(dataset))
-    loader = make_loader(dataset, train_cfg, data_cfg, CaptionCollate(None, 0, False))
+    loader = make_loader(dataset, train_cfg, data_cfg, backend, CaptionCollate(None, 0, False))
 
-    task = VAETask(vae_cfg, schedule, train_cfg, data_cfg.to_dict(), backend.device)
-    engine = backend.distribute(task.model, task.optimizer, task.scheduler)
+    task = VAETask(vae_cfg, schedule, train_cfg, data_cfg.to_dict())
+    engine = distribute(task, backend, train_cfg)
     log.info(f"training a VAE: {vae_cfg.image_size}px -> {vae_cfg.fmap_size}x"
              f"{vae_cfg.fmap_size} tokens of {vae_cfg.num_tokens}, {train_cfg.epochs} epochs "
-             f"of {len(loader)} steps at batch {train_cfg.batch_size}")
-    train(task, engine, backend, loader, len(loader), train_cfg, paths, log)
+             f"of {len(loader)} steps at {describe_batch(backend, train_cfg.batch_size, loader)}")
+    train(task, engine, backend, loader, train_cfg, paths, log)
     log.info(f"saved VAE to {paths.checkpoint}")
     return paths.checkpoint
 
 
-def ensure_builtin_vae(data_cfg: DataConfig, backend: DistributedBackend, log: RunLog,
-                       cache_dir: Path | None = None) -> Path:
-    """The cached VAE for the built-in shapes, trained first when there is none."""
-    spec = builtin_vae(data_cfg, cache_dir)
-    if spec.path.exists():
-        log.info(f"no --vae_path given: using the cached built-in VAE {spec.path}")
-        return spec.path
-    log.info(f"no --vae_path given: training a VAE on built-in shapes first "
-             f"(cached as {spec.path} for later runs)")
-    spec.path.parent.mkdir(parents=True, exist_ok=True)
-    partial = RunPaths(spec.partial_path)
-    train_vae(spec.vae, spec.schedule, spec.train, spec.data, str(partial.checkpoint), backend,
-              log=RunLog(partial.metrics, backend.is_root), paths=partial)
+def builtin_vae_payload(data_cfg: DataConfig, backend: DistributedBackend, log: RunLog,
+                        cache_dir: Path | None = None) -> dict[str, Any]:
+    """The cached VAE for the built-in shapes, trained first when there is none.
+
+    Rank 0 trains it alone, as a single process (so the cached VAE is the same whatever
+    backend asked for it), and sends it to the other ranks, which may be on other machines.
+    """
+    payload = None
     if backend.is_root:
-        os.replace(partial.checkpoint, spec.path)
-        log.info(f"built-in VAE cached as {spec.path}")
-    backend.barrier()
-    return spec.path
+        spec = builtin_vae(data_cfg, cache_dir)
+        if spec.path.exists():
+            log.info(f"no --vae_path given: using the cached built-in VAE {spec.path}")
+        else:
+            log.info(f"no --vae_path given: training a VAE on built-in shapes first "
+                     f"(cached as {spec.path} for later runs)")
+            partial = RunPaths(spec.partial_path)
+            train_vae(spec.vae, spec.schedule, spec.train, spec.data, str(partial.checkpoint),
+                      SingleBackend.on(backend.device), log=RunLog(partial.metrics), paths=partial)
+            os.replace(partial.checkpoint, spec.path)
+            log.info(f"built-in VAE cached as {spec.path}")
+        payload = load_checkpoint(str(spec.path), "the cached VAE", "vae")
+    return backend.broadcast_object(payload)
 
 
 def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: DataConfig,
@@ -120,6 +141,7 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
         raise ConfigError("--fidelity_images must be >= 0 (0 skips the evaluation)")
     for name in model_args.get("attn_types", ()):
         build_pattern(name)
+    backend.check_config(train_cfg.batch_size)
     paths = RunPaths.for_output(output)
     ensure_writable_file(paths.checkpoint, "--dalle_output_file_name")
     log = RunLog(paths.metrics, backend.is_root)
@@ -131,12 +153,13 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
         model_cfg, vae, tokenizer = dalle_parts(resume)
         log.info(f"resuming {dalle_path} at step {resume['step']} (epoch {resume['epoch']})")
     else:
-        if vae_path is None:
-            if not data_cfg.builtin:
-                raise ConfigError("--vae_path is required with --image_text_folder",
-                                  "train one first with dalle-dist train-vae --image_folder ...")
-            vae_path = str(ensure_builtin_vae(data_cfg, backend, log, cache_dir))
-        vae = vae_from_checkpoint(load_checkpoint(vae_path, "--vae_path", "vae"))
+        if vae_path:
+            vae = vae_from_checkpoint(load_checkpoint(vae_path, "--vae_path", "vae"))
+        elif data_cfg.builtin:
+            vae = vae_from_checkpoint(builtin_vae_payload(data_cfg, backend, log, cache_dir))
+        else:
+            raise ConfigError("--vae_path is required with --image_text_folder",
+                              "train one first with dalle-dist train-vae --image_folder ...")
         tokenizer = load_tokenizer(bpe_path)
         model_cfg = DALLEConfig(num_text_tokens=tokenizer.vocab_size, text_seq_len=text_seq_len,
                                 num_image_tokens=vae.config.num_tokens,
@@ -148,27 +171,33 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     check_captions(dataset, tokenizer, model_cfg.text_seq_len, data_cfg.truncate_captions)
     log.info(describe_dataset(dataset))
     collate = CaptionCollate(tokenizer, model_cfg.text_seq_len, data_cfg.truncate_captions)
-    loader = make_loader(dataset, train_cfg, data_cfg, collate)
+    loader = make_loader(dataset, train_cfg, data_cfg, backend, collate)
 
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), lr_decay,
                      backend.device)
-    engine = backend.distribute(task.model, task.optimizer, task.scheduler)
+    n_params = sum(p.numel() for p in task.model.parameters())
     state = LoopState()
     if resume is not None:
-        engine.load_state_dict(resume)
+        task.model.load_state_dict(resume["weights"])
+    engine = distribute(task, backend, train_cfg)
+    if resume is not None:
+        engine.load_optimizer_state(resume)
         state = LoopState(epoch=resume["epoch"], step=resume["step"])
         restore_rng(resume["rng"])
-    n_params = sum(p.numel() for p in task.model.parameters())
     log.info(f"training DALL-E: {n_params / 1e6:.2f}M parameters, "
              f"{model_cfg.text_seq_len} text + {model_cfg.image_seq_len} image tokens, "
-             f"{train_cfg.epochs} epochs of {len(loader)} steps at batch {train_cfg.batch_size}")
-    train(task, engine, backend, loader, len(loader), train_cfg, paths, log, state)
+             f"{train_cfg.epochs} epochs of {len(loader)} steps at "
+             f"{describe_batch(backend, train_cfg.batch_size, loader)}")
+    train(task, engine, backend, loader, train_cfg, paths, log, state)
     log.info(f"saved DALL-E to {paths.checkpoint}")
 
-    if not (data_cfg.builtin and fidelity_images and backend.is_root):
+    if not (data_cfg.builtin and fidelity_images):
         return None
-    result = evaluate_fidelity(task.model, vae, tokenizer, fidelity_images,
-                               data_cfg.shapes_seed, backend.device)
+    model = inference_model(task, engine, backend)  # collective for sharded engines
+    if model is None:
+        return None
+    result = evaluate_fidelity(model, vae, tokenizer, fidelity_images, data_cfg.shapes_seed,
+                               backend.device)
     save_png(make_grid(result.images), paths.samples / "fidelity.png")
     log.info(f"fidelity grid: {paths.samples / 'fidelity.png'}")
     log.info(result.line)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from PIL import Image
+from torch import nn
 
+from dalle_dist.backends import Engine
 from dalle_dist.data.images import make_grid
 from dalle_dist.data.tokenizer import Tokenizer
 from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE
 from dalle_dist.train.config import TrainConfig
-from dalle_dist.train.optim import make_adam
 from dalle_dist.train.task import Batch, Task
 
 SAMPLE_IMAGES = 8
@@ -24,31 +26,40 @@ class DALLETask(Task):
                  train: TrainConfig, data: dict[str, Any], lr_decay: bool,
                  device: torch.device) -> None:
         self.config, self.train, self.data = config, train, data
-        self.tokenizer = tokenizer
+        self.learning_rate = train.learning_rate
+        self.tokenizer, self.lr_decay = tokenizer, lr_decay
         self.vae = vae.to(device).eval().requires_grad_(False)
-        self.model = DALLE(config).to(device)
-        self.optimizer = make_adam(self.model.parameters(), train.learning_rate)
+        self.model = self.build_model()
+
+    def build_model(self) -> nn.Module:
+        return DALLE(self.config)
+
+    def make_scheduler(self, optimizer: torch.optim.Optimizer) -> Any | None:
         # DALLE-pytorch's --lr_decay: halve the rate when the epoch loss stops falling.
-        self.scheduler = (torch.optim.lr_scheduler.ReduceLROnPlateau(
-            self.optimizer, mode="min", factor=0.5, patience=10, cooldown=10, min_lr=1e-6)
-            if lr_decay else None)
+        if not self.lr_decay:
+            return None
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimizer, mode="min", factor=0.5, patience=10, cooldown=10, min_lr=1e-6)
+
+    def shard_units(self, model: nn.Module) -> Sequence[nn.Module]:
+        return list(model.transformer.blocks)
 
     def inputs(self, batch: Batch, device: torch.device) -> tuple[Any, ...]:
         images, text, _ = batch
         image_tokens = self.vae.get_codebook_indices(images.to(device, non_blocking=True))
         return text.to(device, non_blocking=True), image_tokens
 
-    def after_epoch(self, epoch: int, mean_loss: float) -> None:
-        if self.scheduler is not None:
-            self.scheduler.step(mean_loss)
+    def after_epoch(self, epoch: int, mean_loss: float, engine: Engine) -> None:
+        if engine.scheduler is not None:
+            engine.scheduler.step(mean_loss)
 
     @torch.no_grad()
-    def sample_grid(self, batch: Batch, device: torch.device) -> Image.Image:
+    def sample_grid(self, model: nn.Module, batch: Batch, device: torch.device) -> Image.Image:
         """Top row: training images; bottom row: images sampled from their captions."""
         images, text, _ = batch
         images, text = images[:SAMPLE_IMAGES].to(device), text[:SAMPLE_IMAGES].to(device)
-        generated = self.model.generate_images(text, self.vae, filter_thres=0.9)
-        return make_grid(torch.cat([images, generated]).cpu(), nrow=len(images))
+        generated = model.generate_images(text, self.vae, filter_thres=0.9)
+        return make_grid(torch.cat([images, generated.float()]).cpu(), nrow=len(images))
 
     def configs(self) -> dict[str, Any]:
         return {"model": self.config.to_dict(), "vae": self.vae.config.to_dict(),

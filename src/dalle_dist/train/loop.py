@@ -1,19 +1,21 @@
 """The one training loop: forward, backward, clip, step, log, sample, save.
 
 It is the same for the VAE and DALL-E (a Task supplies the model's inputs and schedules)
-and for every backend (an Engine hides DDP, FSDP, DeepSpeed and Horovod).
+and for every backend (an Engine hides DDP, FSDP, DeepSpeed and Horovod). Every rank runs
+it; only the root logs and writes files.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from dalle_dist.backends import DistributedBackend, Engine
+from dalle_dist.data import EpochLoader
 from dalle_dist.data.images import save_png
 from dalle_dist.train.checkpoint import checkpoint_meta
 from dalle_dist.train.config import RunPaths, TrainConfig
@@ -24,7 +26,7 @@ from dalle_dist.train.task import Batch, Task
 @dataclass
 class LoopState:
     epoch: int = 0  # epochs completed
-    step: int = 0  # optimizer steps taken
+    step: int = 0  # optimizer steps taken (micro-batches under DeepSpeed's --ga_steps)
 
 
 @dataclass
@@ -59,46 +61,76 @@ def step_scalars(outputs: dict[str, torch.Tensor], loss: float,
     return values
 
 
-def write_samples(task: Task, batch: Batch, device: torch.device, path: Path) -> None:
+def inference_model(task: Task, engine: Engine, backend: DistributedBackend) -> nn.Module | None:
+    """The model with all its weights on the root rank, None elsewhere.
+
+    Collective when the engine shards parameters (FSDP, ZeRO-3): every rank must call it.
+    """
+    if not engine.shards_parameters:
+        return engine.module if backend.is_root else None
+    state = engine.full_state_dict()
+    if not backend.is_root:
+        return None
+    model = task.build_model().to(backend.device)
+    model.load_state_dict(state)
+    return model
+
+
+def write_samples(task: Task, engine: Engine, backend: DistributedBackend, batch: Batch,
+                  path: Path) -> None:
     """A sample grid, drawn on a forked RNG: how often samples are taken must not change
     the random numbers training sees (or a resumed run would diverge)."""
+    model = inference_model(task, engine, backend)
+    if model is None:
+        return
+    device = backend.device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        save_png(task.sample_grid(batch, device), path)
+        save_png(task.sample_grid(model, batch, device), path)
 
 
 def save_checkpoint(task: Task, engine: Engine, backend: DistributedBackend, paths: RunPaths,
                     state: LoopState) -> None:
-    if backend.is_root:
-        meta = checkpoint_meta(task.kind, task.configs(), state.epoch, state.step,
-                               backend.name, backend.world_size, **task.extra_state())
-        engine.save(paths.checkpoint, meta)
+    meta = checkpoint_meta(task.kind, task.configs(), state.epoch, state.step, backend.name,
+                           backend.world_size, **task.extra_state())
+    engine.save(paths.checkpoint, meta)
     backend.barrier()
 
 
-def train(task: Task, engine: Engine, backend: DistributedBackend,
-          loader: Iterable[Batch], steps_per_epoch: int, config: TrainConfig,
-          paths: RunPaths, log: RunLog, state: LoopState | None = None) -> LoopState:
+def check_replicas(engine: Engine, backend: DistributedBackend, log: RunLog) -> list[str]:
+    """Every rank's parameter digest; the log says whether all ranks hold the same model."""
+    digests = backend.all_gather_object(engine.rank_digest())
+    if len(set(digests)) == 1:
+        log.info(f"parameters identical on {len(digests)} rank(s): digest {digests[0]}")
+    else:
+        log.info(f"warning: ranks hold different parameters: {', '.join(digests)}")
+    return digests
+
+
+def train(task: Task, engine: Engine, backend: DistributedBackend, data: EpochLoader,
+          config: TrainConfig, paths: RunPaths, log: RunLog,
+          state: LoopState | None = None) -> LoopState:
     state = state or LoopState()
     device = backend.device
+    samples_per_step = data.loader.batch_size * backend.world_size
     # Save before the first step, so a bad output path or config fails in seconds.
     save_checkpoint(task, engine, backend, paths, state)
-    log.start_progress(config.epochs * steps_per_epoch, state.step, f"train {task.kind}")
+    log.start_progress(config.epochs * len(data), state.step, f"train {task.kind}")
     window = MetricWindow()
 
     for epoch in range(state.epoch, config.epochs):
         epoch_loss, epoch_batches = 0.0, 0
-        for batch in loader:
+        for batch in data.epoch(epoch):
             outputs = engine.forward(*task.inputs(batch, device))
             engine.backward(outputs["loss"])
             grad_norm = engine.clip_grad_norm(config.clip_grad_norm)
             engine.step()
             engine.zero_grad()
             state.step += 1
-            task.after_step(state.step)
+            task.after_step(state.step, engine)
 
             loss = float(backend.average(outputs["loss"].detach()))  # the same on every rank
             epoch_loss, epoch_batches = epoch_loss + loss, epoch_batches + 1
-            window.add(step_scalars(outputs, loss, grad_norm), len(batch[0]) * backend.world_size)
+            window.add(step_scalars(outputs, loss, grad_norm), samples_per_step)
             log.progress(loss=loss)
 
             if config.log_every_n_steps and state.step % config.log_every_n_steps == 0:
@@ -106,14 +138,15 @@ def train(task: Task, engine: Engine, backend: DistributedBackend,
                              "lr": engine.lr, **task.step_metrics(state.step)})
                 window = MetricWindow()
             if config.sample_every_n_steps and state.step % config.sample_every_n_steps == 0:
-                if backend.is_root:
-                    write_samples(task, batch, device, paths.samples / f"step-{state.step:07d}.png")
+                write_samples(task, engine, backend, batch,
+                              paths.samples / f"step-{state.step:07d}.png")
             if config.save_every_n_steps and state.step % config.save_every_n_steps == 0:
                 save_checkpoint(task, engine, backend, paths, state)
 
-        task.after_epoch(epoch, epoch_loss / max(epoch_batches, 1))
+        task.after_epoch(epoch, epoch_loss / max(epoch_batches, 1), engine)
         state.epoch = epoch + 1
         save_checkpoint(task, engine, backend, paths, state)
 
     log.end_progress()
+    check_replicas(engine, backend, log)
     return state

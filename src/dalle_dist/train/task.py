@@ -1,35 +1,53 @@
 """What the training loop trains: the VAE or DALL-E, behind one small interface.
 
 The loop (train/loop.py) only calls these methods, so it reads the same for both models
-and for every backend.
+and for every backend. Optimizer and scheduler come as factories because FSDP and
+DeepSpeed must build them after wrapping or sharding the parameters.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from PIL import Image
 from torch import nn
 
+from dalle_dist.backends import Engine
+from dalle_dist.train.optim import make_adam
+
 Batch = tuple[torch.Tensor, torch.Tensor | None, list[str]]
 
 
 class Task(ABC):
     kind: str  # "vae" or "dalle": the checkpoint kind
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any | None
+    model: nn.Module  # built on the CPU; the backend moves and wraps it
+    learning_rate: float
+
+    @abstractmethod
+    def build_model(self) -> nn.Module:
+        """A fresh model of this task's architecture (for sampling from gathered weights)."""
+
+    def make_optimizer(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        return make_adam(params, self.learning_rate)
+
+    def make_scheduler(self, optimizer: torch.optim.Optimizer) -> Any | None:
+        return None
+
+    def shard_units(self, model: nn.Module) -> Sequence[nn.Module]:
+        """Submodules FSDP shards one by one (the root is always sharded too)."""
+        return ()
 
     @abstractmethod
     def inputs(self, batch: Batch, device: torch.device) -> tuple[Any, ...]:
         """The arguments of the model's forward for one batch; it returns {"loss": ..., ...}."""
 
-    def after_step(self, step: int) -> None:
+    def after_step(self, step: int, engine: Engine) -> None:
         """Per-step schedules (VAE temperature and learning-rate decay)."""
 
-    def after_epoch(self, epoch: int, mean_loss: float) -> None:
+    def after_epoch(self, epoch: int, mean_loss: float, engine: Engine) -> None:
         """Per-epoch schedules (DALL-E's plateau decay)."""
 
     def step_metrics(self, step: int) -> dict[str, float]:
@@ -37,8 +55,8 @@ class Task(ABC):
         return {}
 
     @abstractmethod
-    def sample_grid(self, batch: Batch, device: torch.device) -> Image.Image:
-        """A picture of how training is going, written every --sample_every_n_steps."""
+    def sample_grid(self, model: nn.Module, batch: Batch, device: torch.device) -> Image.Image:
+        """A picture of how training is going, drawn with `model` (full weights)."""
 
     @abstractmethod
     def configs(self) -> dict[str, Any]:

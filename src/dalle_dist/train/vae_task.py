@@ -6,11 +6,12 @@ from typing import Any
 
 import torch
 from PIL import Image
+from torch import nn
 
+from dalle_dist.backends import Engine
 from dalle_dist.data.images import make_grid
 from dalle_dist.model import DiscreteVAE, VAEConfig
 from dalle_dist.train.config import TrainConfig, VAESchedule
-from dalle_dist.train.optim import make_adam
 from dalle_dist.train.task import Batch, Task
 
 #: Images shown per row of a sample grid.
@@ -21,40 +22,46 @@ class VAETask(Task):
     kind = "vae"
 
     def __init__(self, config: VAEConfig, schedule: VAESchedule, train: TrainConfig,
-                 data: dict[str, Any], device: torch.device) -> None:
+                 data: dict[str, Any]) -> None:
         self.config, self.schedule, self.train, self.data = config, schedule, train, data
-        self.model = DiscreteVAE(config).to(device)
-        self.optimizer = make_adam(self.model.parameters(), train.learning_rate)
-        self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer,
-                                                                gamma=schedule.lr_decay_rate)
+        self.learning_rate = train.learning_rate
+        self.model = self.build_model()
         self.temperature = schedule.starting_temp
+
+    def build_model(self) -> nn.Module:
+        return DiscreteVAE(self.config)
+
+    def make_scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
+        return torch.optim.lr_scheduler.ExponentialLR(optimizer,
+                                                      gamma=self.schedule.lr_decay_rate)
 
     def inputs(self, batch: Batch, device: torch.device) -> tuple[Any, ...]:
         return batch[0].to(device, non_blocking=True), self.temperature
 
-    def after_step(self, step: int) -> None:
+    def after_step(self, step: int, engine: Engine) -> None:
         if step % self.schedule.anneal_every == 0:
             self.temperature = self.schedule.temperature(step)
-            self.scheduler.step()
+            if engine.scheduler is not None:
+                engine.scheduler.step()
 
     def step_metrics(self, step: int) -> dict[str, float]:
         return {"temperature": self.temperature}
 
+    def restore(self, step: int) -> None:
+        """The temperature after `step` steps (the scheduler's state is in the checkpoint)."""
+        self.temperature = self.schedule.temperature(step)
+
     @torch.no_grad()
-    def sample_grid(self, batch: Batch, device: torch.device) -> Image.Image:
+    def sample_grid(self, model: nn.Module, batch: Batch, device: torch.device) -> Image.Image:
         """Rows: originals, soft reconstructions, hard (argmax-code) reconstructions."""
         images = batch[0][:SAMPLE_IMAGES].to(device)
-        was_training = self.model.training
-        self.model.eval()
-        soft = self.model(images, self.temperature)["recons"]
-        hard = self.model.decode(self.model.get_codebook_indices(images))
-        self.model.train(was_training)
-        return make_grid(torch.cat([images, soft, hard]).cpu(), nrow=len(images))
+        was_training = model.training
+        model.eval()
+        soft = model(images, self.temperature)["recons"]
+        hard = model.decode(model.get_codebook_indices(images))
+        model.train(was_training)
+        return make_grid(torch.cat([images, soft, hard]).float().cpu(), nrow=len(images))
 
     def configs(self) -> dict[str, Any]:
         return {"model": self.config.to_dict(), "train": self.train.to_dict(),
                 "schedule": self.schedule.to_dict(), "data": self.data}
-
-    def restore(self, step: int) -> None:
-        """The temperature after `step` steps (the scheduler's state is in the checkpoint)."""
-        self.temperature = self.schedule.temperature(step)

@@ -1,0 +1,311 @@
+"""`deepspeed`: the DeepSpeed engine (ZeRO 0-3, optional CPU offload), config from flags.
+
+DeepSpeed is imported only inside methods: `import dalle_dist` and `--help` never load it.
+The config is built from our flags, then a --deepspeed_config JSON is merged over it; the
+batch arithmetic is checked before DeepSpeed sees it. No `amp` block is ever written
+(DeepSpeed >= 0.19.7 rejects it): mixed precision goes through its bf16 / fp16 sections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from dalle_dist.backends.base import (
+    DistributedBackend,
+    Engine,
+    OptimizerFactory,
+    SchedulerFactory,
+    parameter_digest,
+)
+from dalle_dist.backends.precision import Precision
+from dalle_dist.backends.torch_dist import LAUNCH_ENV, set_cpu_threads
+from dalle_dist.checkpoint_io import write_checkpoint_file
+from dalle_dist.errors import ConfigError
+
+#: DALLE-pytorch's layout: `<name>-ds-cp/` beside the single-file name, metadata in here.
+AUXILIARY_FILE = "auxiliary.pt"
+
+
+def ds_checkpoint_dir(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(f"{path.stem}-ds-cp")
+
+
+def read_json_config(path: str) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"--deepspeed_config {path} does not exist", "check the path") from None
+    except OSError as exc:
+        raise ConfigError(f"--deepspeed_config {path} cannot be read ({exc.strerror})") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--deepspeed_config {path} is not valid JSON (line {exc.lineno}: "
+                          f"{exc.msg})", "fix the file or drop the flag") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"--deepspeed_config {path} must hold a JSON object")
+    return config
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _innermost_torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
+    """DeepSpeed wraps the torch optimizer (ZeRO, bf16); schedulers need the torch one."""
+    seen = 0
+    while not isinstance(optimizer, torch.optim.Optimizer) and seen < 5:
+        optimizer = getattr(optimizer, "optimizer", None)
+        seen += 1
+    return optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
+
+
+class DeepSpeedEngine(Engine):
+    """DeepSpeed clips (gradient_clipping) and zeroes gradients inside its own step."""
+
+    def __init__(self, ds_engine: Any, scheduler: Any, stage: int, device: torch.device,
+                 is_root: bool) -> None:
+        super().__init__(ds_engine.module, ds_engine.optimizer, scheduler,
+                         Precision("fp32", device), is_root=is_root)
+        self.ds_engine, self.stage = ds_engine, stage
+        self.shards_parameters = stage == 3
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        return self.ds_engine(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)  # DeepSpeed casts to its precision itself
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.ds_engine.backward(loss)
+
+    def clip_grad_norm(self, max_norm: float | None) -> float | None:
+        return None  # done in step() by DeepSpeed, from the config's gradient_clipping
+
+    def step(self) -> None:
+        self.ds_engine.step()
+
+    def zero_grad(self) -> None:
+        pass
+
+    @property
+    def lr(self) -> float:
+        return float(self.ds_engine.get_lr()[0])
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        if self.stage == 3:
+            state = self.ds_engine._zero3_consolidated_16bit_state_dict()
+            return state if self.is_root else None
+        return self.module.state_dict()
+
+    def optimizer_state_dict(self) -> dict[str, Any] | None:
+        return None  # partitioned: it lives in the DeepSpeed checkpoint directory
+
+    def rank_digest(self) -> str:
+        if self.stage != 3:
+            return super().rank_digest()
+        import deepspeed
+
+        params = list(self.module.parameters())
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            return parameter_digest(dict(self.module.named_parameters()))
+
+    def save(self, path: str | Path, meta: dict[str, Any]) -> None:
+        """DeepSpeed's own directory (all ranks), auxiliary.pt and a single weights file (root)."""
+        directory = ds_checkpoint_dir(path)
+        self.ds_engine.save_checkpoint(str(directory), tag=f"global_step{meta['step']}",
+                                       client_state={"step": meta["step"]})
+        weights = self.full_state_dict()
+        if self.is_root:
+            scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
+            aux = {**meta, "scheduler": scheduler, "zero_stage": self.stage}
+            write_checkpoint_file(directory / AUXILIARY_FILE, aux)
+            write_checkpoint_file(path, {**aux, "weights": weights, "optimizer": None})
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        if self.scheduler is not None and state.get("scheduler"):
+            self.scheduler.load_state_dict(state["scheduler"])
+
+
+class DeepSpeedBackend(DistributedBackend):
+    name = "deepspeed"
+    extra = "deepspeed"
+    launch_hint = "deepspeed --num_gpus N --module dalle_dist train --deepspeed"
+    stage: ClassVar[int]
+
+    @classmethod
+    def is_available(cls) -> tuple[bool, str]:
+        try:
+            import deepspeed  # noqa: F401
+        except Exception as exc:  # a broken install raises anything, not only ImportError
+            return False, f"DeepSpeed is not importable ({type(exc).__name__}: {exc})"
+        return True, ""
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("deepspeed backend")
+        group.add_argument("--deepspeed_config", help="DeepSpeed JSON merged over the config "
+                           "built from these flags")
+        group.add_argument("--zero_stage", type=int, default=0, choices=range(4),
+                           help="ZeRO stage (default %(default)s)")
+        group.add_argument("--zero_offload", choices=("none", "cpu"), default="none",
+                           help="offload optimizer state to the CPU (ZeRO 1-3)")
+        group.add_argument("--ga_steps", type=int, default=1,
+                           help="gradient accumulation steps (default %(default)s)")
+
+    def initialize(self) -> None:
+        import deepspeed
+
+        missing = [name for name in LAUNCH_ENV if name not in os.environ]
+        if missing:
+            raise ConfigError(
+                f"backend deepspeed found no launcher environment ({', '.join(missing)} unset)",
+                f"start it with: {self.launch_hint}")
+        self.rank = int(os.environ["RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.local_rank = int(os.environ["LOCAL_RANK"])
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        device = self.device
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        else:
+            set_cpu_threads(self.local_world_size)
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
+                                   auto_mpi_discovery=False, verbose=False)
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def barrier(self) -> None:
+        torch.distributed.barrier()
+
+    def average(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.detach().clone().float()
+        torch.distributed.all_reduce(tensor)
+        return tensor / self.world_size
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: Any) -> Any:
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    # -- config ------------------------------------------------------------------------
+
+    def build_config(self, batch_size: int, clip_grad_norm: float | None) -> dict[str, Any]:
+        """Our flags as a DeepSpeed config, the JSON merged over it, batch numbers checked."""
+        args = self.args
+        if args.ga_steps <= 0:
+            raise ConfigError(f"--ga_steps must be positive, got {args.ga_steps}")
+        zero: dict[str, Any] = {"stage": args.zero_stage}
+        if args.zero_stage == 3:
+            zero["stage3_gather_16bit_weights_on_model_save"] = True
+        if args.zero_offload == "cpu":
+            if args.zero_stage == 0:
+                raise ConfigError("--zero_offload cpu needs ZeRO", "add --zero_stage 1, 2 or 3")
+            zero["offload_optimizer"] = {"device": "cpu"}
+        config: dict[str, Any] = {
+            "train_batch_size": batch_size,
+            "gradient_accumulation_steps": args.ga_steps,
+            "gradient_clipping": clip_grad_norm or 0.0,
+            "zero_optimization": zero,
+            "bf16": {"enabled": self.precision_name == "bf16"},
+            "fp16": {"enabled": self.precision_name == "fp16"},
+            "steps_per_print": 2**31 - 1,  # our loop logs; DeepSpeed's own lines are noise
+            "zero_allow_untested_optimizer": True,
+            "zero_force_ds_cpu_optimizer": False,
+        }
+        self.json_config: dict[str, Any] = {}
+        if args.deepspeed_config:
+            self.json_config = read_json_config(args.deepspeed_config)
+            for key in ("train_batch_size", "gradient_accumulation_steps"):
+                ours = config[key]
+                theirs = self.json_config.get(key, ours)
+                if theirs != ours:
+                    flag = "--batch_size" if key == "train_batch_size" else "--ga_steps"
+                    raise ConfigError(
+                        f"--deepspeed_config sets {key} {theirs} but {flag} is {ours}",
+                        f"make them agree: drop {key} from the JSON or pass {flag} {theirs}")
+            if "amp" in self.json_config:
+                raise ConfigError("--deepspeed_config has an 'amp' block, which DeepSpeed "
+                                  "no longer accepts", "remove it and use --precision bf16")
+            config = _merge(config, self.json_config)
+        micro = config.get("train_micro_batch_size_per_gpu")
+        ga, world = config["gradient_accumulation_steps"], self.world_size
+        if micro is None:
+            if batch_size % (ga * world):
+                raise ConfigError(
+                    f"--batch_size {batch_size} (DeepSpeed's train_batch_size) is not "
+                    f"divisible by --ga_steps {ga} x {world} ranks",
+                    f"use --batch_size {max(1, batch_size // (ga * world)) * ga * world}")
+            micro = batch_size // (ga * world)
+            config["train_micro_batch_size_per_gpu"] = micro
+        if micro * ga * world != batch_size:
+            raise ConfigError(
+                f"train_batch_size {batch_size} != micro batch {micro} x --ga_steps {ga} x "
+                f"{world} ranks ({micro * ga * world})",
+                f"set --batch_size {micro * ga * world} or change "
+                "train_micro_batch_size_per_gpu in --deepspeed_config")
+        return config
+
+    def check_config(self, batch_size: int) -> None:
+        super().check_config(batch_size)
+        if self.precision_name == "fp16" and self.device.type == "cpu":
+            raise ConfigError("DeepSpeed cannot train fp16 on CPU", "use --precision bf16")
+        self.config = self.build_config(batch_size, getattr(self.args, "clip_grad_norm", None))
+
+    def rank_batch_size(self, batch_size: int) -> int:
+        return int(self.config["train_micro_batch_size_per_gpu"])
+
+    def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
+                   make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),
+                   clip_grad_norm: float | None = None) -> Engine:
+        import deepspeed
+
+        config = dict(self.config)
+        config["gradient_clipping"] = (self.json_config.get("gradient_clipping")
+                                       or clip_grad_norm or 0.0)
+        device = self.device
+        module = module.to(device)
+        optimizer = None
+        if "optimizer" in config:
+            self.warn("--deepspeed_config defines an optimizer: it replaces dalle_dist's Adam")
+        else:
+            optimizer = make_optimizer(module.parameters())
+        ds_engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
+            model=module, optimizer=optimizer, model_parameters=None if optimizer else
+            [p for p in module.parameters() if p.requires_grad], config=config)
+        scheduler = None
+        if ds_scheduler is not None or "scheduler" in config:
+            self.warn("--deepspeed_config defines a scheduler: it replaces dalle_dist's")
+        else:
+            inner = optimizer or _innermost_torch_optimizer(ds_optimizer)
+            scheduler = make_scheduler(inner) if inner is not None else None
+        return DeepSpeedEngine(ds_engine, scheduler, int(config["zero_optimization"]["stage"]),
+                               device, self.is_root)
+
+    def warn(self, message: str) -> None:
+        if self.is_root:
+            print(f"warning: {message}", flush=True)

@@ -1,0 +1,75 @@
+"""`fsdp`: FSDP2 (`fully_shard`) per shard unit (transformer block) and on the root module.
+
+Parameters become sharded DTensors, so the optimizer is built after sharding. Single-file
+checkpoints gather the full state on rank 0 (torch.distributed.checkpoint.state_dict).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
+
+from dalle_dist.backends.base import Engine, OptimizerFactory, SchedulerFactory, parameter_digest
+from dalle_dist.backends.precision import Precision
+from dalle_dist.backends.torch_dist import TorchDistributedBackend
+
+_FULL_ON_ROOT = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class FSDPEngine(Engine):
+    shards_parameters: ClassVar[bool] = True
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        state = get_model_state_dict(self.module, options=_FULL_ON_ROOT)
+        return state if self.is_root else None
+
+    def optimizer_state_dict(self) -> dict[str, Any] | None:
+        if not self.optimizer.state:
+            # Before the first step there is nothing to save, and asking would make torch
+            # initialise the state with a zero-gradient step: Adam's step count would then
+            # be one ahead and training would no longer match the other backends.
+            return None
+        state = get_optimizer_state_dict(self.module, self.optimizer, options=_FULL_ON_ROOT)
+        return state if self.is_root else None
+
+    def rank_digest(self) -> str:
+        full = get_model_state_dict(self.module,
+                                    options=StateDictOptions(full_state_dict=True))
+        return parameter_digest(full)
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        if state.get("optimizer"):
+            set_optimizer_state_dict(
+                self.module, self.optimizer, state["optimizer"],
+                options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
+        if self.scheduler is not None and state.get("scheduler"):
+            self.scheduler.load_state_dict(state["scheduler"])
+
+
+class FSDPBackend(TorchDistributedBackend):
+    name = "fsdp"
+
+    def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
+                   make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),
+                   clip_grad_norm: float | None = None) -> Engine:
+        device = self.device
+        module = module.to(device)
+        # Rank 0's initial weights for everyone, as DDP does, before they are sharded.
+        for tensor in [*module.parameters(), *module.buffers()]:
+            torch.distributed.broadcast(tensor.data, src=0)
+        for unit in shard_units:
+            fully_shard(unit)
+        fully_shard(module)
+        optimizer = make_optimizer(module.parameters())
+        return FSDPEngine(module, optimizer, make_scheduler(optimizer),
+                          Precision(self.precision_name, device), is_root=self.is_root)

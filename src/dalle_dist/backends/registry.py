@@ -1,0 +1,60 @@
+"""Backend names -> classes, and choosing one from the flags (DESIGN.md, "Backends")."""
+
+from __future__ import annotations
+
+import argparse
+
+from dalle_dist.backends.base import DistributedBackend
+from dalle_dist.backends.deepspeed import DeepSpeedBackend
+from dalle_dist.backends.fsdp import FSDPBackend
+from dalle_dist.backends.horovod import HorovodBackend
+from dalle_dist.backends.precision import PRECISIONS
+from dalle_dist.backends.single import SingleBackend
+from dalle_dist.backends.torch_ddp import TorchBackend
+from dalle_dist.errors import ConfigError
+
+BACKENDS: dict[str, type[DistributedBackend]] = {
+    cls.name: cls
+    for cls in (SingleBackend, TorchBackend, FSDPBackend, DeepSpeedBackend, HorovodBackend)
+}
+
+
+def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that choose and configure a backend, DALLE-pytorch's names kept."""
+    group = parser.add_argument_group("distributed backend")
+    group.add_argument("--distributed_backend", "--distr_backend", dest="distributed_backend",
+                       default=None, metavar="NAME",
+                       help=f"one of {', '.join(BACKENDS)} (default: single)")
+    group.add_argument("--deepspeed", action="store_true",
+                       help="use the deepspeed backend (as DALLE-pytorch's --deepspeed)")
+    group.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                       help="default %(default)s")
+    group.add_argument("--fp16", action="store_const", const="fp16", dest="precision",
+                       help="same as --precision fp16")
+    # Launchers pass --local_rank=N; the deepspeed launcher puts it before the subcommand,
+    # where the top-level parser takes it. SUPPRESS keeps this copy from overwriting it.
+    group.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int,
+                       default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    for cls in BACKENDS.values():
+        cls.add_arguments(parser)
+
+
+def backend_from_args(args: argparse.Namespace) -> DistributedBackend:
+    """The backend the flags name, checked: known, not contradicted, and installed."""
+    name = args.distributed_backend
+    if args.deepspeed:
+        if name not in (None, "deepspeed"):
+            raise ConfigError(f"--deepspeed contradicts --distributed_backend {name}",
+                              "drop one of the two")
+        name = "deepspeed"
+    name = name or "single"
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown --distributed_backend {name!r}",
+                          f"known backends: {', '.join(BACKENDS)}")
+    cls = BACKENDS[name]
+    ok, reason = cls.is_available()
+    if not ok:
+        raise ConfigError(
+            f"backend {name} cannot run here: {reason}",
+            f"pip install 'dalle_dist[{cls.extra}]', then see dalle-dist check --backend {name}")
+    return cls(args)

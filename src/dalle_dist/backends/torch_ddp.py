@@ -1,0 +1,40 @@
+"""`torch`: DistributedDataParallel, gloo on CPU and nccl on CUDA, launched by torchrun."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from dalle_dist.backends.base import Engine, OptimizerFactory, SchedulerFactory
+from dalle_dist.backends.precision import Precision
+from dalle_dist.backends.torch_dist import TorchDistributedBackend
+
+
+class DDPEngine(Engine):
+    """Forward goes through DDP (which all-reduces gradients in backward); the rest is local."""
+
+    def __init__(self, ddp: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
+        super().__init__(ddp.module, *args, **kwargs)
+        self.ddp = ddp
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        return self.ddp(*args, **kwargs)
+
+
+class TorchBackend(TorchDistributedBackend):
+    name = "torch"
+
+    def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
+                   make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),
+                   clip_grad_norm: float | None = None) -> Engine:
+        device = self.device
+        module = module.to(device)
+        # DDP broadcasts rank 0's parameters and buffers here: every rank starts equal.
+        ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda"
+                                      else None)
+        optimizer = make_optimizer(module.parameters())
+        return DDPEngine(ddp, optimizer, make_scheduler(optimizer),
+                         Precision(self.precision_name, device), is_root=self.is_root)

@@ -1,0 +1,76 @@
+"""What the torch.distributed backends (torch DDP, FSDP) share: joining from torchrun's env.
+
+torchrun (and any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT) starts the processes; gloo carries CPU tensors, nccl CUDA ones.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dalle_dist.backends.base import DistributedBackend
+from dalle_dist.errors import ConfigError
+
+LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def set_cpu_threads(local_world_size: int) -> None:
+    """Share the cores between the ranks of one machine unless OMP_NUM_THREADS says otherwise.
+
+    Two ranks with torch's default of one thread per core would each try to use every core.
+    """
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local_world_size, 1)))
+
+
+class TorchDistributedBackend(DistributedBackend):
+    """A backend whose ranks talk through torch.distributed's default process group."""
+
+    launch_hint = "torchrun --nproc_per_node N -m dalle_dist train --distributed_backend NAME"
+
+    def initialize(self) -> None:
+        missing = [name for name in LAUNCH_ENV if name not in os.environ]
+        if missing:
+            raise ConfigError(
+                f"backend {self.name} found no launcher environment ({', '.join(missing)} "
+                "unset)", f"start it with: {self.launch_hint.replace('NAME', self.name)}")
+        self.rank = int(os.environ["RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.local_rank = int(os.environ["LOCAL_RANK"])
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        device = self.device
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        else:
+            set_cpu_threads(self.local_world_size)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                    timeout=timedelta(minutes=30),
+                                    device_id=device if device.type == "cuda" else None)
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def average(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.detach().clone().float()
+        dist.all_reduce(tensor)
+        return tensor / self.world_size
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: Any) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
