@@ -75,6 +75,12 @@ def bare_ranks(*args: str, world: int = 2, cwd: Path | None = None,
         procs.append(subprocess.Popen([sys.executable, "-m", "dalle_dist", *args], cwd=cwd,
                                       env=rank_env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
+    return _wait_all(procs, timeout)
+
+
+def _wait_all(procs: list[subprocess.Popen[str]], timeout: float
+              ) -> list[subprocess.CompletedProcess[str]]:
+    """Collect every process; on a timeout kill them all, so no rank outlives the test."""
     results = []
     try:
         for proc in procs:
@@ -90,3 +96,17 @@ def bare_ranks(*args: str, world: int = 2, cwd: Path | None = None,
 
 def output(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout + result.stderr
+
+
+def torchrun_nodes(*args: str, nodes: int = 2, cwd: Path | None = None,
+                   env: dict[str, str] | None = None, timeout: float = LAUNCH_TIMEOUT,
+                   ) -> list[subprocess.CompletedProcess[str]]:
+    """`nodes` torchrun launchers, one process each, meeting at a c10d rendezvous on
+    127.0.0.1: the multi-node launch line, with this machine playing every node."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    cmd = [str(BIN / "torchrun"), "--nnodes", str(nodes), "--nproc_per_node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "dalle-test",
+           "-m", "dalle_dist", *args]
+    procs = [subprocess.Popen(cmd, cwd=cwd, env=_env(env), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(nodes)]
+    return _wait_all(procs, timeout)

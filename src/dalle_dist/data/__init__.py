@@ -15,7 +15,8 @@ from dalle_dist.data.folder import TextImageFolder
 from dalle_dist.data.loader import EpochLoader
 from dalle_dist.data.shapes import ShapesDataset
 from dalle_dist.data.tokenizer import Tokenizer, check_caption_lengths, tokenize
-from dalle_dist.errors import ConfigError
+from dalle_dist.data.wds import WebDatasetLoader
+from dalle_dist.errors import ConfigError, DataError
 
 __all__ = [
     "CaptionCollate",
@@ -23,8 +24,11 @@ __all__ = [
     "EpochLoader",
     "ShapesDataset",
     "TextImageFolder",
+    "WebDatasetLoader",
     "build_dataset",
+    "check_captions",
     "describe_dataset",
+    "make_batches",
 ]
 
 
@@ -49,16 +53,35 @@ def describe_dataset(dataset: Dataset) -> str:
     return f"built-in shapes: {len(dataset)} images of {dataset.image_size}x{dataset.image_size}"
 
 
-def all_captions(dataset: Dataset) -> list[str]:
-    if isinstance(dataset, ShapesDataset):
-        return dataset.captions()
-    return dataset.all_captions()
+def all_captions(source: Dataset | EpochLoader | WebDatasetLoader) -> list[str]:
+    """Every caption training can draw (for shapes: every caption the generator writes)."""
+    if isinstance(source, EpochLoader):
+        source = source.dataset
+    if isinstance(source, ShapesDataset):
+        return source.captions()
+    return source.all_captions()
 
 
-def check_captions(dataset: Dataset, tokenizer: Tokenizer, text_seq_len: int,
-                   truncate: bool) -> None:
-    """Raise before training when a caption of the dataset is longer than text_seq_len."""
-    check_caption_lengths(tokenizer, all_captions(dataset), text_seq_len, truncate)
+def check_captions(source: Dataset | EpochLoader | WebDatasetLoader, tokenizer: Tokenizer,
+                   text_seq_len: int, truncate: bool) -> None:
+    """Raise before training when a caption of the data is longer than text_seq_len."""
+    check_caption_lengths(tokenizer, all_captions(source), text_seq_len, truncate)
+
+
+def make_batches(config: DataConfig, image_size: int, batch_size: int, rank: int,
+                 world_size: int, seed: int, collate: CaptionCollate, require_captions: bool,
+                 flag: str = "--image_text_folder") -> tuple[EpochLoader | WebDatasetLoader, str]:
+    """This rank's batches and a log line describing the data behind them."""
+    if config.wds:
+        if config.builtin:
+            raise DataError("--wds needs WebDataset shards", f"pass them with {flag}")
+        loader = WebDatasetLoader(config.image_text_folder, config.wds, image_size,
+                                  config.resize_ratio, batch_size, rank, world_size, seed,
+                                  config.num_workers, collate, require_captions)
+        return loader, loader.describe()
+    dataset = build_dataset(config, image_size, require_captions, flag)
+    return (EpochLoader(dataset, batch_size, rank, world_size, seed, config.num_workers,
+                        collate), describe_dataset(dataset))
 
 
 class CaptionCollate:

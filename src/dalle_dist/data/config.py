@@ -12,6 +12,7 @@ class DataConfig(DictConfig):
     """image_text_folder None means the built-in shapes dataset."""
 
     image_text_folder: str | None = None
+    wds: str | None = None  # "img,cap": image_text_folder holds WebDataset shards
     image_size: int = 32
     truncate_captions: bool = False
     resize_ratio: float = 0.75

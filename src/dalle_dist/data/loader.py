@@ -23,6 +23,7 @@ class EpochLoader:
             raise DataError(
                 f"the dataset has {len(dataset)} items, too few for a batch of {batch_size} "
                 f"on each of {world_size} ranks", "lower --batch_size or add data")
+        self.dataset, self.batch_size = dataset, batch_size
         self.sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank,
                                           shuffle=True, seed=seed, drop_last=True)
         self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler,

@@ -15,16 +15,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from dalle_dist.backends import DistributedBackend, Engine, SingleBackend
 from dalle_dist.data import (
     CaptionCollate,
     DataConfig,
     EpochLoader,
-    build_dataset,
+    WebDatasetLoader,
     check_captions,
-    describe_dataset,
+    make_batches,
 )
 from dalle_dist.data.images import make_grid, save_png
 from dalle_dist.data.tokenizer import load_tokenizer
@@ -53,16 +52,23 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_loader(dataset: Dataset, train_cfg: TrainConfig, data_cfg: DataConfig,
-                backend: DistributedBackend, collate: CaptionCollate) -> EpochLoader:
-    return EpochLoader(dataset, backend.rank_batch_size(train_cfg.batch_size), backend.rank,
-                       backend.world_size, train_cfg.seed, data_cfg.num_workers, collate)
+def rank_batches(data_cfg: DataConfig, image_size: int, train_cfg: TrainConfig,
+                 backend: DistributedBackend, collate: CaptionCollate, require_captions: bool,
+                 log: RunLog, flag: str = "--image_text_folder"
+                 ) -> EpochLoader | WebDatasetLoader:
+    """This rank's share of the data, in batches of its share of --batch_size."""
+    batches, description = make_batches(
+        data_cfg, image_size, backend.rank_batch_size(train_cfg.batch_size), backend.rank,
+        backend.world_size, train_cfg.seed, collate, require_captions, flag)
+    log.info(description)
+    return batches
 
 
-def describe_batch(backend: DistributedBackend, batch_size: int, loader: EpochLoader) -> str:
+def describe_batch(backend: DistributedBackend, batch_size: int,
+                   loader: EpochLoader | WebDatasetLoader) -> str:
     if backend.world_size == 1:
         return f"batch {batch_size}"
-    per_rank = loader.loader.batch_size
+    per_rank = loader.batch_size
     return (f"global batch {per_rank * backend.world_size} = {per_rank} per rank x "
             f"{backend.world_size} ranks ({backend.name})")
 
@@ -88,10 +94,8 @@ def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
     ensure_writable_file(paths.checkpoint, "--vae_output_file_name")
     log = log or RunLog(paths.metrics, backend.is_root)
     seed_everything(train_cfg.seed)
-    dataset = build_dataset(data_cfg, vae_cfg.image_size, require_captions=False,
-                            flag="--image_folder")
-    log.info(describe_dataset(dataset))
-    loader = make_loader(dataset, train_cfg, data_cfg, backend, CaptionCollate(None, 0, False))
+    loader = rank_batches(data_cfg, vae_cfg.image_size, train_cfg, backend,
+                          CaptionCollate(None, 0, False), False, log, flag="--image_folder")
 
     task = VAETask(vae_cfg, schedule, train_cfg, data_cfg.to_dict())
     engine = distribute(task, backend, train_cfg)
@@ -167,11 +171,9 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     model_cfg.validate()
 
     data_cfg = replace(data_cfg, image_size=vae.config.image_size)
-    dataset = build_dataset(data_cfg, data_cfg.image_size, require_captions=True)
-    check_captions(dataset, tokenizer, model_cfg.text_seq_len, data_cfg.truncate_captions)
-    log.info(describe_dataset(dataset))
     collate = CaptionCollate(tokenizer, model_cfg.text_seq_len, data_cfg.truncate_captions)
-    loader = make_loader(dataset, train_cfg, data_cfg, backend, collate)
+    loader = rank_batches(data_cfg, data_cfg.image_size, train_cfg, backend, collate, True, log)
+    check_captions(loader, tokenizer, model_cfg.text_seq_len, data_cfg.truncate_captions)
 
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), lr_decay,
                      backend.device)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dalle_dist.backends import DistributedBackend, Engine
-from dalle_dist.data import EpochLoader
+from dalle_dist.data import EpochLoader, WebDatasetLoader
 from dalle_dist.data.images import save_png
 from dalle_dist.train.checkpoint import checkpoint_meta
 from dalle_dist.train.config import RunPaths, TrainConfig
@@ -106,12 +106,13 @@ def check_replicas(engine: Engine, backend: DistributedBackend, log: RunLog) -> 
     return digests
 
 
-def train(task: Task, engine: Engine, backend: DistributedBackend, data: EpochLoader,
+def train(task: Task, engine: Engine, backend: DistributedBackend,
+          data: EpochLoader | WebDatasetLoader,
           config: TrainConfig, paths: RunPaths, log: RunLog,
           state: LoopState | None = None) -> LoopState:
     state = state or LoopState()
     device = backend.device
-    samples_per_step = data.loader.batch_size * backend.world_size
+    samples_per_step = data.batch_size * backend.world_size
     # Save before the first step, so a bad output path or config fails in seconds.
     save_checkpoint(task, engine, backend, paths, state)
     log.start_progress(config.epochs * len(data), state.step, f"train {task.kind}")

@@ -1,0 +1,173 @@
+"""WebDataset shards (`--wds img,cap`, as DALLE-pytorch): a folder of .tar files or a brace
+pattern, split by rank, then by loader worker.
+
+Ranks must take the same number of steps (a rank that runs out first would leave the
+others waiting in an all-reduce), so the shards are indexed once up front: sample counts
+per rank fix the steps per epoch, and the captions are checked against --text_seq_len
+before training, not in the middle of it. Indexing reads tar headers and caption files
+only. `webdataset` is imported lazily (the `webdataset` extra).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import tarfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from dalle_dist.data.images import pil_to_tensor, random_resized_crop, to_rgb
+from dalle_dist.errors import DataError
+
+#: Samples held in the shuffle buffer of each loader worker.
+SHUFFLE_BUFFER = 1000
+
+
+def parse_keys(spec: str, require_caption: bool) -> tuple[str, str | None]:
+    """'img,cap' -> ('img', 'cap'): the member extensions holding image and caption."""
+    keys = [k.strip().lstrip(".") for k in spec.split(",") if k.strip()]
+    if len(keys) != 2 and not (len(keys) == 1 and not require_caption):
+        raise DataError(f"--wds {spec!r} must name the image and caption keys",
+                        "e.g. --wds jpg,txt")
+    return keys[0], keys[1] if len(keys) == 2 else None
+
+
+def shard_paths(spec: str) -> list[Path]:
+    """A folder's *.tar files, or the files a brace pattern (shard-{000..009}.tar) names."""
+    from braceexpand import braceexpand  # a dependency of webdataset
+
+    path = Path(spec)
+    if path.is_dir():
+        shards = sorted(path.glob("*.tar"))
+    else:
+        shards = [Path(p) for p in braceexpand(spec)]
+        missing = [str(p) for p in shards if not p.is_file()]
+        if missing:
+            raise DataError(f"WebDataset shard {missing[0]} does not exist "
+                            f"({len(missing)} of {len(shards)} missing)", "check the pattern")
+    if not shards:
+        raise DataError(f"--image_text_folder {spec} holds no .tar shards",
+                        "give a folder of WebDataset shards or a brace pattern")
+    return shards
+
+
+@dataclass
+class ShardIndex:
+    path: Path
+    samples: int
+    captions: list[str]
+
+
+def index_shard(path: Path, image_key: str, caption_key: str | None) -> ShardIndex:
+    """Count the samples that have every needed member, reading only captions' bytes."""
+    members: dict[str, dict[str, tarfile.TarInfo]] = {}
+    try:
+        with tarfile.open(path) as tar:
+            for info in tar:
+                if not info.isfile() or "." not in Path(info.name).name:
+                    continue
+                stem, _, ext = info.name.partition(".")
+                members.setdefault(stem, {})[ext.lower()] = info
+            captions = []
+            samples = 0
+            for files in members.values():
+                if image_key not in files or (caption_key and caption_key not in files):
+                    continue
+                samples += 1
+                if caption_key:
+                    raw = tar.extractfile(files[caption_key]).read()
+                    captions.append(raw.decode("utf-8", errors="replace").strip())
+    except (tarfile.TarError, OSError) as exc:
+        raise DataError(f"WebDataset shard {path} cannot be read ({exc})",
+                        "check or remove the shard") from None
+    return ShardIndex(path, samples, captions)
+
+
+def _to_sample(image_key: str, caption_key: str | None, image_size: int, resize_ratio: float
+               ) -> Callable[[dict[str, Any]], tuple[torch.Tensor, str]]:
+    def convert(sample: dict[str, Any]) -> tuple[torch.Tensor, str]:
+        with Image.open(io.BytesIO(sample[image_key])) as img:
+            image = random_resized_crop(to_rgb(img), image_size, resize_ratio)
+        caption = ""
+        if caption_key:
+            lines = [line.strip() for line in sample[caption_key].decode("utf-8", "replace")
+                     .splitlines() if line.strip()]
+            caption = lines[int(torch.randint(len(lines), ()))] if lines else ""
+        return pil_to_tensor(image), caption
+    return convert
+
+
+class WebDatasetLoader:
+    """Batches from this rank's shards; every rank yields the same number per epoch."""
+
+    def __init__(self, spec: str, keys: str, image_size: int, resize_ratio: float,
+                 batch_size: int, rank: int, world_size: int, seed: int, num_workers: int,
+                 collate: Callable[[Any], Any], require_caption: bool) -> None:
+        self.image_key, self.caption_key = parse_keys(keys, require_caption)
+        shards = shard_paths(spec)
+        if len(shards) < world_size:
+            raise DataError(f"{len(shards)} WebDataset shards cannot be split over "
+                            f"{world_size} ranks", "use at least one shard per rank")
+        self.index = [index_shard(p, self.image_key, self.caption_key) for p in shards]
+        self.steps = min(self._batches(self.index[r::world_size], batch_size, num_workers)
+                         for r in range(world_size))
+        if self.steps == 0:
+            raise DataError(f"some rank's WebDataset shards hold fewer than a batch of "
+                            f"{batch_size} usable samples",
+                            f"check --wds {keys} (keys are the member extensions) or add data")
+        self.shards = [str(s.path) for s in self.index[rank::world_size]]
+        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self.collate = collate
+        self.convert = _to_sample(self.image_key, self.caption_key, image_size, resize_ratio)
+
+    @staticmethod
+    def _batches(shards: list[ShardIndex], batch_size: int, num_workers: int) -> int:
+        """Full batches a rank's loader yields: each worker batches its own shards
+        (split_by_worker deals them out round-robin) and drops its own last partial batch."""
+        groups = [shards[w::num_workers] for w in range(num_workers)] if num_workers else [shards]
+        return sum(sum(s.samples for s in group) // batch_size for group in groups)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def all_captions(self) -> list[str]:
+        return [c for shard in self.index for c in shard.captions]
+
+    def describe(self) -> str:
+        total = sum(s.samples for s in self.index)
+        return (f"webdataset: {total} samples in {len(self.index)} shards, "
+                f"{self.steps} steps per epoch per rank")
+
+    def _one_pass(self, seed: int) -> Iterator[Any]:
+        import webdataset as wds
+
+        keys = (self.image_key, self.caption_key)
+        pipeline = (wds.WebDataset(self.shards, shardshuffle=False, nodesplitter=None,
+                                   workersplitter=wds.split_by_worker, empty_check=False,
+                                   handler=wds.warn_and_continue)
+                    .select(lambda sample: all(k in sample for k in keys if k))
+                    .shuffle(SHUFFLE_BUFFER, seed=seed)
+                    .map(self.convert, handler=wds.warn_and_continue))
+        return iter(torch.utils.data.DataLoader(pipeline, batch_size=self.batch_size,
+                                                num_workers=self.num_workers,
+                                                collate_fn=self.collate, drop_last=True))
+
+    def epoch(self, epoch: int) -> Iterator[Any]:
+        """Exactly len(self) batches. Each sample once, unless undecodable samples were
+        skipped: then a second pass tops the epoch up, so this rank does not run short
+        and leave the others waiting in an all-reduce."""
+        def passes() -> Iterator[Any]:
+            for attempt in itertools.count():
+                produced = 0
+                for batch in self._one_pass(self.seed + epoch + 1_000_003 * attempt):
+                    produced += 1
+                    yield batch
+                if produced == 0:
+                    raise DataError("no sample of this rank's WebDataset shards could be "
+                                    "decoded", "check the shards' images")
+        return itertools.islice(passes(), self.steps)
