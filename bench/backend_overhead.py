@@ -1,0 +1,167 @@
+"""dalle_dist's training loop against a minimal hand-written loop on the same engine.
+
+Run it plainly: it launches itself on 2 CPU ranks, once with torchrun (torch DDP) and once
+with the deepspeed launcher (ZeRO-2), and prints JSON with each engine's median step time
+for both loops and their ratio (ours / hand-written; goal <= 1.03).
+
+Both loops do the same work per step: fetch a batch (one DistributedSampler), encode the
+images with the VAE, forward, backward, clip, optimizer step. Ours adds what a user gets
+from it: the loss averaged over ranks, a metrics line (here every step, the worst case),
+the progress bar. Its step times are read from its own metrics file (samples / samples_per_s);
+the hand-written loop times each iteration with perf_counter. Checkpoints before and after
+training are outside the measured steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import emit
+
+BIN = Path(sys.executable).parent
+ENGINES = {
+    "torch-ddp": ["torchrun", "--nproc_per_node", "2"],
+    "deepspeed-zero2": ["deepspeed", "--num_gpus", "2"],
+}
+
+
+def backend_args(engine: str) -> argparse.Namespace:
+    return argparse.Namespace(
+        distributed_backend="torch" if engine == "torch-ddp" else "deepspeed", deepspeed=False,
+        precision="fp32", device=None, deepspeed_config=None, zero_stage=2,
+        zero_offload="none", ga_steps=1, clip_grad_norm=0.5)
+
+
+def rank_main(engine: str, args: argparse.Namespace) -> None:
+    from dalle_dist.backends import backend_from_args
+    from dalle_dist.data import CaptionCollate, DataConfig, EpochLoader, ShapesDataset
+    from dalle_dist.data.tokenizer import ByteTokenizer
+    from dalle_dist.model import DALLEConfig, DiscreteVAE, VAEConfig
+    from dalle_dist.train.config import RunPaths, TrainConfig
+    from dalle_dist.train.dalle_task import DALLETask
+    from dalle_dist.train.loop import train
+    from dalle_dist.train.run_log import RunLog
+
+    backend = backend_from_args(backend_args(engine))
+    backend.initialize()
+    steps = args.warmup + args.steps
+    backend.check_config(args.batch)
+    per_rank = backend.rank_batch_size(args.batch)
+    device = backend.device
+    vae = DiscreteVAE(VAEConfig(image_size=args.image_size, num_tokens=512, num_layers=2))
+    tokenizer = ByteTokenizer()
+    cfg = DALLEConfig(num_text_tokens=tokenizer.vocab_size, text_seq_len=32,
+                      num_image_tokens=512, image_fmap_size=vae.config.fmap_size,
+                      dim=args.dim, depth=args.depth, heads=4, dim_head=64)
+    dataset = ShapesDataset(steps * args.batch, args.image_size, seed=0)
+    collate = CaptionCollate(tokenizer, 32, truncate=True)
+    loader = EpochLoader(dataset, per_rank, backend.rank, backend.world_size, 0, 0, collate)
+    train_cfg = TrainConfig(epochs=1, batch_size=args.batch, clip_grad_norm=0.5,
+                            save_every_n_steps=0, sample_every_n_steps=0, log_every_n_steps=1)
+
+    def new_task() -> DALLETask:
+        torch.manual_seed(0)
+        return DALLETask(cfg, vae, tokenizer, train_cfg, DataConfig().to_dict(), False, device)
+
+    def hand_written() -> list[float]:
+        """The engine's own API, nothing else; each step timed from fetching its batch."""
+        task = new_task()
+        if engine == "torch-ddp":
+            model = torch.nn.parallel.DistributedDataParallel(task.model.to(device))
+            optimizer = task.make_optimizer(model.parameters())
+        else:
+            import deepspeed
+
+            model, optimizer, _, _ = deepspeed.initialize(
+                model=task.model, optimizer=task.make_optimizer(task.model.parameters()),
+                config=backend.config)
+        times = []
+        batches = loader.epoch(0)
+        for _ in range(len(loader)):
+            start = time.perf_counter()
+            images, text, _ = next(batches)
+            tokens = vae.get_codebook_indices(images.to(device))
+            loss = model(text.to(device), tokens)["loss"]
+            if engine == "torch-ddp":
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            else:
+                model.backward(loss)
+                model.step()
+            times.append(time.perf_counter() - start)
+        return times
+
+    # The hand-written loop runs before and after ours; the faster of its two medians
+    # counts, so warm-up order cannot flatter ours.
+    hand_runs = [hand_written()]
+
+    # Ours: the real loop, from the real backend.
+    task = new_task()
+    ours_engine = backend.distribute(task.model, task.make_optimizer, task.make_scheduler,
+                                     clip_grad_norm=0.5)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = RunPaths(Path(tmp) / "bench.pt")
+        train(task, ours_engine, backend, loader, train_cfg, paths,
+              RunLog(paths.metrics, backend.is_root))
+        if backend.is_root:
+            records = [args.batch / json.loads(line)["samples_per_s"]
+                       for line in paths.metrics.read_text().splitlines()]
+    hand_runs.append(hand_written())
+    if backend.is_root:
+        hand_s = min(statistics.median(run[args.warmup:]) for run in hand_runs)
+        ours_s = statistics.median(records[args.warmup:])
+        print(json.dumps({"engine": engine, "steps": args.steps, "global_batch": args.batch,
+                          "hand_median_step_s": round(hand_s, 4),
+                          "ours_median_step_s": round(ours_s, 4),
+                          "ratio": round(ours_s / hand_s, 3)}), flush=True)
+    backend.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rank-worker", choices=list(ENGINES))
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--batch", type=int, default=8, help="global batch (default 8)")
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--image_size", type=int, default=64)
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None)
+    args = parser.parse_args()
+    if args.rank_worker:
+        rank_main(args.rank_worker, args)
+        return
+    results = []
+    passthrough = [f"--{k}={v}" for k, v in vars(args).items()
+                   if k in ("batch", "steps", "warmup", "dim", "depth", "image_size")]
+    for engine in args.engines.split(","):
+        cmd = [str(BIN / ENGINES[engine][0]), *ENGINES[engine][1:], __file__,
+               "--rank-worker", engine, *passthrough]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        lines = [line for line in out.stdout.splitlines() if line.startswith('{"engine"')]
+        if out.returncode or not lines:
+            results.append({"engine": engine, "error": (out.stdout + out.stderr)[-2000:]})
+        else:
+            results.append(json.loads(lines[-1]))
+    emit({"bench": "backend_overhead", "ranks": 2, "results": results})
+
+
+if __name__ == "__main__":
+    main()
