@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,14 +18,13 @@ import torch
 from torch import nn
 
 from dalle_dist.backends.base import (
-    DistributedBackend,
     Engine,
     OptimizerFactory,
     SchedulerFactory,
     parameter_digest,
 )
 from dalle_dist.backends.precision import Precision
-from dalle_dist.backends.torch_dist import LAUNCH_ENV, set_cpu_threads
+from dalle_dist.backends.torch_dist import TorchDistributedBackend
 from dalle_dist.checkpoint_io import write_checkpoint_file
 from dalle_dist.errors import ConfigError
 
@@ -142,7 +140,7 @@ class DeepSpeedEngine(Engine):
             self.scheduler.load_state_dict(state["scheduler"])
 
 
-class DeepSpeedBackend(DistributedBackend):
+class DeepSpeedBackend(TorchDistributedBackend):
     name = "deepspeed"
     extra = "deepspeed"
     launch_hint = "deepspeed --num_gpus N --module dalle_dist train --deepspeed"
@@ -168,49 +166,12 @@ class DeepSpeedBackend(DistributedBackend):
         group.add_argument("--ga_steps", type=int, default=1,
                            help="gradient accumulation steps (default %(default)s)")
 
-    def initialize(self) -> None:
+    def init_process_group(self, device: torch.device) -> None:
         import deepspeed
 
-        missing = [name for name in LAUNCH_ENV if name not in os.environ]
-        if missing:
-            raise ConfigError(
-                f"backend deepspeed found no launcher environment ({', '.join(missing)} unset)",
-                f"start it with: {self.launch_hint}")
-        self.rank = int(os.environ["RANK"])
-        self.world_size = int(os.environ["WORLD_SIZE"])
-        self.local_rank = int(os.environ["LOCAL_RANK"])
-        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
-        device = self.device
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        else:
-            set_cpu_threads(self.local_world_size)
+        # On CPU DeepSpeed would pick oneCCL; gloo is what torch ships.
         deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
                                    auto_mpi_discovery=False, verbose=False)
-
-    def shutdown(self) -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-    def barrier(self) -> None:
-        torch.distributed.barrier()
-
-    def average(self, tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.detach().clone().float()
-        torch.distributed.all_reduce(tensor)
-        return tensor / self.world_size
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * self.world_size
-        torch.distributed.all_gather_object(out, obj)
-        return out
-
-    def broadcast_object(self, obj: Any) -> Any:
-        box = [obj]
-        torch.distributed.broadcast_object_list(box, src=0)
-        return box[0]
 
     # -- config ------------------------------------------------------------------------
 

@@ -49,9 +49,12 @@ class TorchDistributedBackend(DistributedBackend):
         else:
             set_cpu_threads(self.local_world_size)
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                    timeout=timedelta(minutes=30),
-                                    device_id=device if device.type == "cuda" else None)
+            self.init_process_group(device)
+
+    def init_process_group(self, device: torch.device) -> None:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(minutes=30),
+                                device_id=device if device.type == "cuda" else None)
 
     def shutdown(self) -> None:
         if dist.is_initialized():
