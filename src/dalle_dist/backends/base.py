@@ -216,9 +216,6 @@ class DistributedBackend(ABC):
         """Samples each rank draws per step."""
         return batch_size // self.world_size if self.batch_size_is_global else batch_size
 
-    def global_batch_size(self, batch_size: int) -> int:
-        return batch_size if self.batch_size_is_global else batch_size * self.world_size
-
     def check_config(self, batch_size: int) -> None:
         """Everything about the flags that can fail, checked before any model is built."""
         self.check_batch_size(batch_size)

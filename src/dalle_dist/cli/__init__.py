@@ -6,8 +6,10 @@ The only place where a DalleDistError becomes `error: ...` and exit status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from dalle_dist import __version__
 from dalle_dist.cli.generate_cmd import add_generate
@@ -35,10 +37,28 @@ def build_parser() -> ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        status = args.run(args)
     except DalleDistError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        status = 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        status = 130
+    if getattr(args, "joined_process_group", False):
+        exit_now(status)
+    return status
+
+
+def exit_now(status: int) -> NoReturn:
+    """End a rank of a multi-process run without running C++ static destructors.
+
+    A rank that has written everything and left its process group can still abort while
+    the interpreter tears torch's native state down ("terminate called without an active
+    exception", SIGABRT, no Python frame): seen on about 1 in 4 CPU runs of FSDP and
+    ZeRO-3 VAE training with sample grids, after the checkpoint was complete. The
+    launcher then reports the whole job failed, and an error's exit status 2 would
+    turn into a signal. Output is flushed first; files are already fsynced.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -7,10 +7,7 @@ defaults (dim 512, 8192 VAE tokens, 128px ...) target real data on GPUs.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections.abc import Callable
-from typing import NoReturn
 
 from dalle_dist.backends import DistributedBackend, add_backend_arguments, backend_from_args
 from dalle_dist.cli.parser import optional_float
@@ -86,27 +83,13 @@ def run_on_backend(args: argparse.Namespace, command: Callable[[DistributedBacke
     """Choose and join the backend, run the command on it, leave the process group."""
     backend = backend_from_args(args)
     backend.initialize()
+    # Tells main() to end this rank with os._exit (see cli.exit_now), error or not.
+    args.joined_process_group = backend.world_size > 1
     try:
         command(backend)
     finally:
         backend.shutdown()
-    if backend.world_size > 1:
-        exit_now(0)
     return 0
-
-
-def exit_now(status: int) -> NoReturn:
-    """End a finished rank without running C++ static destructors.
-
-    A rank that has written everything and left its process group can still abort while
-    the interpreter tears torch's native state down ("terminate called without an active
-    exception", SIGABRT, no Python frame): seen on about 1 in 4 CPU runs of FSDP and
-    ZeRO-3 VAE training with sample grids, after the checkpoint was complete. The
-    launcher then reports the whole job failed. Everything is flushed here first.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
 
 
 # -- train-vae -----------------------------------------------------------------------

@@ -47,10 +47,6 @@ class VAETask(Task):
     def step_metrics(self, step: int) -> dict[str, float]:
         return {"temperature": self.temperature}
 
-    def restore(self, step: int) -> None:
-        """The temperature after `step` steps (the scheduler's state is in the checkpoint)."""
-        self.temperature = self.schedule.temperature(step)
-
     @torch.no_grad()
     def sample_grid(self, model: nn.Module, batch: Batch, device: torch.device) -> Image.Image:
         """Rows: originals, soft reconstructions, hard (argmax-code) reconstructions."""
