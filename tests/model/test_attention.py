@@ -1,136 +1,236 @@
-"""Attention patterns and the attention layer: every fast path equals dense masked attention
-(DESIGN.md, "Tests"), and the KV cache used for sampling reproduces the one-shot output."""
+"""Attention patterns against their definitions, and every path against the dense reference.
+
+The definitions here are written independently of dalle_dist, in plain Python loops, from
+the issue's wording (and DeepSpeed's VariableSparsityConfig for `sparse`). Every path the
+layer can take (dense, sdpa, gather; FlexAttention on CUDA) must equal masked attention
+built from these definitions, outputs and gradients; the KV cache must equal one shot;
+and no output may depend on a later token. Everything runs in float64, where the paths
+differ only by summation order: tolerance 1e-10.
+"""
 
 from __future__ import annotations
+
+import math
+import random
 
 import pytest
 import torch
 from torch import Tensor
 
 from dalle_dist.errors import ConfigError
-from dalle_dist.model.attention import (
+from dalle_dist.model.attention import ATTN_IMPLS, Attention, LayerKVCache, resolve_impl
+from dalle_dist.model.patterns import (
     PATTERNS,
-    Attention,
     AttentionPattern,
-    FullPattern,
-    LayerKVCache,
+    PatternOptions,
     SequenceLayout,
     build_pattern,
 )
 
-#: float64 throughout; the fast path and the reference differ only by summation order,
-#: which in float64 stays many orders of magnitude below this.
 TOL = 1e-10
-
-LAYOUT = SequenceLayout(text_len=5, fmap_size=3)  # seq_len = 5 + 9 - 1 = 13
 DIM, HEADS, DIM_HEAD = 12, 3, 4
 
 
-def _layer(pattern: AttentionPattern, seed: int = 0) -> Attention:
-    """A float64 attention layer with deterministic weights, in eval mode (no dropout)."""
+def brute_allowed(name: str, layout: SequenceLayout, q: int, k: int, kernel: int = 5,
+                  dilation: int = 1, random_blocks: int = 2, seed: int = 0) -> bool:
+    """The definitions, one pair of positions at a time."""
+    if k > q:
+        return False
+    if name == "sparse":
+        block = 16
+        bq, bk = q // block, k // block
+        is_global = bk < math.ceil(layout.text_len / block)
+        is_local = bq // 4 == bk // 4
+        rng = random.Random(seed)
+        picks: set[int] = set()
+        for row in range(bq + 1):
+            chosen = rng.sample(range(row + 1), min(random_blocks, row + 1))
+            if row == bq:
+                picks = set(chosen)
+        return is_global or is_local or bk in picks
+    text = layout.text_len
+    if k < text:
+        return True  # every query sees the earlier text
+    jq, jk = q - text, k - text
+    (rq, cq), (rk, ck) = divmod(jq, layout.fmap_size), divmod(jk, layout.fmap_size)
+    if name == "full":
+        return True
+    if name == "axial_row":
+        return rq == rk
+    if name == "axial_col":
+        return cq == ck
+    reach = kernel // 2 * dilation
+    return (abs(rq - rk) <= reach and abs(cq - ck) <= reach
+            and (rq - rk) % dilation == 0 and (cq - ck) % dilation == 0)
+
+
+CASES = [
+    ("full", {}), ("axial_row", {}), ("axial_col", {}),
+    ("conv_like", {"kernel": 3, "dilation": 1}), ("conv_like", {"kernel": 5, "dilation": 2}),
+    ("sparse", {"random_blocks": 0}), ("sparse", {"random_blocks": 2, "seed": 3}),
+]
+LAYOUTS = [SequenceLayout(5, 3), SequenceLayout(9, 6)]
+SPARSE_LAYOUT = SequenceLayout(20, 8)  # 83 positions: six 16-token blocks
+
+
+def case_id(case: tuple[str, dict]) -> str:
+    return case[0] + "".join(f"-{k}{v}" for k, v in case[1].items())
+
+
+def make_pattern(name: str, kw: dict) -> AttentionPattern:
+    return build_pattern(name, PatternOptions(
+        conv_kernel_size=kw.get("kernel", 5), conv_dilation=kw.get("dilation", 1),
+        sparse_random_blocks=kw.get("random_blocks", 2), sparse_seed=kw.get("seed", 0)))
+
+
+def layouts_for(name: str) -> list[SequenceLayout]:
+    return [SPARSE_LAYOUT] if name == "sparse" else LAYOUTS
+
+
+def brute_mask(name: str, kw: dict, layout: SequenceLayout, n: int) -> Tensor:
+    return torch.tensor([[brute_allowed(name, layout, q, k, **kw) for k in range(n)]
+                         for q in range(n)])
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_attended_sets_match_the_definitions(case: tuple[str, dict]) -> None:
+    name, kw = case
+    for layout in layouts_for(name):
+        got = make_pattern(name, kw).full_mask(layout, layout.seq_len, torch.device("cpu"))
+        expected = brute_mask(name, kw, layout, layout.seq_len)
+        assert torch.equal(got, expected), (name, kw, layout)
+
+
+def test_every_pattern_lets_text_see_earlier_text_only() -> None:
+    layout = SequenceLayout(20, 8)
+    for name in PATTERNS:
+        mask = make_pattern(name, {}).full_mask(layout, layout.seq_len, torch.device("cpu"))
+        text = layout.text_len
+        assert torch.equal(mask[:text, :text], torch.ones(text, text).tril().bool()), name
+        assert not mask[:text, text:].any(), name
+
+
+def reference(layer: Attention, x: Tensor, mask: Tensor) -> Tensor:
+    """Textbook masked attention on the layer's own projections."""
+    b, n, _ = x.shape
+    q, k, v = layer.to_qkv(x).view(b, n, 3, HEADS, DIM_HEAD).permute(2, 0, 3, 1, 4)
+    scores = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(DIM_HEAD)
+    out = torch.einsum("bhij,bhjd->bhid", scores.masked_fill(~mask, -math.inf).softmax(-1), v)
+    return layer.to_out(out.transpose(1, 2).reshape(b, n, -1))
+
+
+def make_layer(pattern: AttentionPattern, impl: str, seed: int = 0) -> Attention:
     torch.manual_seed(seed)
-    layer = Attention(DIM, HEADS, DIM_HEAD, dropout=0.0, pattern=pattern).double().eval()
-    # Non-zero output bias so a reference that forgot to_out's bias would not match.
+    layer = Attention(DIM, HEADS, DIM_HEAD, 0.0, pattern, impl).double()
     torch.nn.init.normal_(layer.to_out.bias)
     return layer
 
 
-def _dense_reference(layer: Attention, x: Tensor, layout: SequenceLayout) -> Tensor:
-    """Textbook masked attention, written independently of the layer's SDPA call."""
-    b, n, _ = x.shape
-    qkv = layer.to_qkv(x).view(b, n, 3, layer.heads, layer.dim_head)
-    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # [b, h, n, d]
-    scores = torch.einsum("bhid,bhjd->bhij", q, k) * layer.dim_head**-0.5
-    positions = torch.arange(n)
-    allowed = layer.pattern.allows(layout, positions, positions)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    out = torch.einsum("bhij,bhjd->bhid", scores.softmax(dim=-1), v)
-    return layer.to_out(out.transpose(1, 2).reshape(b, n, -1))
+IMPLS = ["dense", "sdpa", "gather"] + (["flex"] if torch.cuda.is_available() else [])
 
 
-def test_full_pattern_allows_matches_brute_force() -> None:
-    n = LAYOUT.seq_len
-    positions = torch.arange(n)
-    got = FullPattern().allows(LAYOUT, positions, positions)
-    expected = [[k <= q for k in range(n)] for q in range(n)]
-    assert got.dtype == torch.bool
-    assert got.tolist() == expected
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_every_path_equals_the_reference(case: tuple[str, dict], impl: str) -> None:
+    name, kw = case
+    for layout in layouts_for(name):
+        # The whole training sequence, and shorter prefixes as uncached sampling feeds.
+        for n in (layout.seq_len, layout.text_len + 2, layout.text_len - 1):
+            layer = make_layer(make_pattern(name, kw), impl)
+            x = torch.randn(2, n, DIM, dtype=torch.float64, requires_grad=True)
+            upstream = torch.randn(2, n, DIM, dtype=torch.float64)
+            out = layer(x, layout)
+            grads = torch.autograd.grad((out * upstream).sum(), [x, *layer.parameters()])
+            ref = reference(layer, x, brute_mask(name, kw, layout, n))
+            ref_grads = torch.autograd.grad((ref * upstream).sum(), [x, *layer.parameters()])
+            torch.testing.assert_close(out, ref, atol=TOL, rtol=0)
+            for got, expected in zip(grads, ref_grads, strict=True):
+                torch.testing.assert_close(got, expected, atol=TOL, rtol=0)
 
 
-def test_full_pattern_allows_offset_queries() -> None:
-    """Queries that start mid-sequence (a cache chunk) see keys up to their own position."""
-    q_pos = torch.arange(6, 9)
-    k_pos = torch.arange(9)
-    got = FullPattern().allows(LAYOUT, q_pos, k_pos)
-    assert got.tolist() == [[k <= q for k in range(9)] for q in range(6, 9)]
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_no_output_depends_on_a_later_token(case: tuple[str, dict], impl: str) -> None:
+    name, kw = case
+    layout = layouts_for(name)[-1]
+    layer = make_layer(make_pattern(name, kw), impl).eval()
+    x = torch.randn(1, layout.seq_len, DIM, dtype=torch.float64)
+    allowed = brute_mask(name, kw, layout, layout.seq_len)
+    for j in (layout.text_len - 1, layout.text_len + 3, layout.seq_len - 2):
+        changed = x.clone()
+        changed[:, j] += 1.0
+        with torch.no_grad():
+            a, b = layer(x, layout), layer(changed, layout)
+        torch.testing.assert_close(a[:, :j], b[:, :j], atol=TOL, rtol=0)
+        moved = (a - b).abs().amax(dim=-1)[0] > 1e-9
+        # Exactly the queries allowed to see j move (j itself always does).
+        assert torch.equal(moved[j:], allowed[j:, j]), (name, j)
 
 
-def test_full_pattern_uses_sdpa_causal_kernel_for_whole_sequence() -> None:
-    mask, is_causal = FullPattern().sdpa_arguments(LAYOUT, 0, 13, 13, torch.device("cpu"))
-    assert mask is None and is_causal
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_kv_cache_equals_one_shot(case: tuple[str, dict]) -> None:
+    """Sampling feeds the prefix, then one token at a time; odd chunks must agree too."""
+    name, kw = case
+    layout = layouts_for(name)[-1]
+    n = layout.seq_len
+    layer = make_layer(make_pattern(name, kw), "dense", seed=1).eval()
+    x = torch.randn(2, n, DIM, dtype=torch.float64)
+    for chunks in ([layout.text_len] + [1] * (n - layout.text_len), [7, 3] * n):
+        with torch.no_grad():
+            one_shot = layer(x, layout)
+            cache = LayerKVCache(2, HEADS, n, DIM_HEAD, x.device, x.dtype)
+            pieces, start = [], 0
+            for size in chunks:
+                if start >= n:
+                    break
+                pieces.append(layer(x[:, start:start + size], layout, cache))
+                start += size
+        torch.testing.assert_close(torch.cat(pieces, dim=1), one_shot, atol=TOL, rtol=0)
 
 
-def test_sdpa_equals_dense_reference_outputs_and_gradients() -> None:
-    layer = _layer(FullPattern())
-    x = torch.randn(2, LAYOUT.seq_len, DIM, dtype=torch.float64, requires_grad=True)
-    x_ref = x.detach().clone().requires_grad_(True)
-    upstream = torch.randn(2, LAYOUT.seq_len, DIM, dtype=torch.float64)
+def test_flex_mask_mod_is_the_same_rule() -> None:
+    """FlexAttention runs only on CUDA here, but its mask comes from the same rule through
+    vmap; materialising that mask on CPU must give the dense mask."""
+    from torch.nn.attention.flex_attention import create_mask
 
-    out = layer(x, LAYOUT)
-    (out * upstream).sum().backward()
-    grads = {name: p.grad.clone() for name, p in layer.named_parameters()}
-    layer.zero_grad()
+    for name, kw in CASES:
+        layout = layouts_for(name)[-1]
+        pattern = make_pattern(name, kw)
+        n = layout.seq_len
 
-    ref = _dense_reference(layer, x_ref, LAYOUT)
-    (ref * upstream).sum().backward()
+        def mask_mod(b: Tensor, h: Tensor, q: Tensor, k: Tensor,
+                     pattern: AttentionPattern = pattern, layout: SequenceLayout = layout
+                     ) -> Tensor:
+            return pattern.allowed(layout, q, k)
 
-    torch.testing.assert_close(out, ref, atol=TOL, rtol=0)
-    torch.testing.assert_close(x.grad, x_ref.grad, atol=TOL, rtol=0)
-    for name, p in layer.named_parameters():
-        torch.testing.assert_close(grads[name], p.grad, atol=TOL, rtol=0, msg=name)
-
-
-def test_dense_reference_is_causal() -> None:
-    """Guards the reference itself: a later token must not move an earlier output."""
-    layer = _layer(FullPattern())
-    x = torch.randn(1, LAYOUT.seq_len, DIM, dtype=torch.float64)
-    changed = x.clone()
-    changed[:, 7] += 1.0
-    with torch.no_grad():
-        a, b = layer(x, LAYOUT), layer(changed, LAYOUT)
-    torch.testing.assert_close(a[:, :7], b[:, :7], atol=TOL, rtol=0)
-    assert (a[:, 7:] - b[:, 7:]).abs().amax() > 1e-3
-
-
-@pytest.mark.parametrize("chunks", [[5, 1, 1, 1, 1, 1, 1, 1, 1], [5, 3, 3, 2], [1] * 13])
-def test_kv_cache_chunks_equal_one_shot(chunks: list[int]) -> None:
-    """[5, 1, ...] is how sampling runs (prefix, then one token); other splits take the
-    masked path of sdpa_arguments and must agree too."""
-    assert sum(chunks) == LAYOUT.seq_len
-    layer = _layer(FullPattern(), seed=1)
-    x = torch.randn(2, LAYOUT.seq_len, DIM, dtype=torch.float64)
-    with torch.no_grad():
-        one_shot = layer(x, LAYOUT)
-        cache = LayerKVCache(2, HEADS, LAYOUT.seq_len, DIM_HEAD, x.device, x.dtype)
-        pieces, start = [], 0
-        for size in chunks:
-            pieces.append(layer(x[:, start : start + size], LAYOUT, cache))
-            start += size
-            assert cache.length == start
-    torch.testing.assert_close(torch.cat(pieces, dim=1), one_shot, atol=TOL, rtol=0)
+        got = create_mask(mask_mod, None, None, n, n, device="cpu")[0, 0]
+        assert torch.equal(got, brute_mask(name, kw, layout, n)), name
 
 
 def test_unknown_pattern_lists_valid_names() -> None:
     with pytest.raises(ConfigError) as info:
         build_pattern("nope")
-    message = str(info.value)
-    assert "'nope'" in message
-    assert "full" in message
+    assert "'nope'" in str(info.value)
     for name in PATTERNS:
-        assert name in message
+        assert name in str(info.value)
 
 
-def test_build_pattern_returns_named_pattern() -> None:
-    pattern = build_pattern("full")
-    assert isinstance(pattern, FullPattern)
-    assert pattern.name == "full"
+def test_auto_picks_a_path_per_device() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_impl("auto", build_pattern("full"), cpu) == "sdpa"
+    assert resolve_impl("auto", build_pattern("axial_row"), cpu) == "gather"
+    assert resolve_impl("auto", build_pattern("sparse"), cuda) == "flex"
+    assert resolve_impl("gather", build_pattern("full"), cpu) == "sdpa"
+    with pytest.raises(ConfigError, match="valid: " + ", ".join(ATTN_IMPLS)):
+        resolve_impl("fast", build_pattern("full"), cpu)
+
+
+@pytest.mark.parametrize(("options", "flag"), [
+    (PatternOptions(conv_kernel_size=4), "--conv_kernel_size"),
+    (PatternOptions(conv_dilation=0), "--conv_dilation"),
+    (PatternOptions(sparse_random_blocks=-1), "--sparse_random_blocks"),
+])
+def test_bad_pattern_options(options: PatternOptions, flag: str) -> None:
+    name = "sparse" if flag == "--sparse_random_blocks" else "conv_like"
+    with pytest.raises(ConfigError, match=flag):
+        build_pattern(name, options)

@@ -186,8 +186,16 @@ def test_last_image_token_does_not_change_loss_inputs() -> None:
 
 @pytest.mark.parametrize("filter_thres", [0.0, 0.9])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_cached_sampling_equals_uncached(filter_thres: float, temperature: float) -> None:
-    model = _model(weight_std=0.3)
+@pytest.mark.parametrize("attn_types", [("full",), ("axial_row",), ("axial_col",),
+                                        ("conv_like",), ("sparse",),
+                                        ("full", "axial_row", "axial_col", "conv_like")])
+def test_cached_sampling_equals_uncached(filter_thres: float, temperature: float,
+                                         attn_types: tuple[str, ...]) -> None:
+    """For every pattern: the uncached reference re-runs the whole sequence through the
+    pattern's training path (gather on CPU), the cache decodes one masked row at a time."""
+    config = dataclasses.replace(TINY, attn_types=attn_types, depth=len(attn_types) + 1,
+                                 sparse_random_blocks=1)
+    model = _model(config, weight_std=0.3)
     text, _ = _batch(batch=3, seed=4)
     samples = []
     for seed in (0, 1, 2):

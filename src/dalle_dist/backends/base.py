@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from dalle_dist.backends.precision import Precision
+from dalle_dist.backends.precision import Precision, apex_amp
 from dalle_dist.checkpoint_io import write_checkpoint_file
 from dalle_dist.errors import ConfigError
 
@@ -61,8 +61,7 @@ class Engine:
             return self._call(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
-        scaler = self.precision.scaler
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        self.precision.backward(loss, self.optimizer)
 
     def _parameters_to_clip(self) -> Iterable[torch.Tensor]:
         return self.module.parameters()
@@ -140,7 +139,8 @@ class DistributedBackend(ABC):
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.precision_name: str = getattr(args, "precision", "fp32")
+        self.use_apex = bool(getattr(args, "amp", False))
+        self.precision_name: str = "fp16" if self.use_apex else getattr(args, "precision", "fp32")
         device = getattr(args, "device", None)
         self.requested_device = torch.device(device) if device else None
         self.world_size, self.rank, self.local_rank = 1, 0, 0
@@ -219,6 +219,13 @@ class DistributedBackend(ABC):
     def check_config(self, batch_size: int) -> None:
         """Everything about the flags that can fail, checked before any model is built."""
         self.check_batch_size(batch_size)
+        if self.use_apex:
+            _, why_not = apex_amp(self.device)
+            if why_not and self.is_root:
+                print(why_not, flush=True)
+
+    def precision(self) -> Precision:
+        return Precision(self.precision_name, self.device, self.use_apex)
 
     # -- the engine --------------------------------------------------------------------
 

@@ -232,9 +232,9 @@ class DeepSpeedBackend(TorchDistributedBackend):
         return config
 
     def check_config(self, batch_size: int) -> None:
-        super().check_config(batch_size)
         if self.precision_name == "fp16" and self.device.type == "cpu":
             raise ConfigError("DeepSpeed cannot train fp16 on CPU", "use --precision bf16")
+        super().check_config(batch_size)
         self.config = self.build_config(batch_size, getattr(self.args, "clip_grad_norm", None))
 
     def rank_batch_size(self, batch_size: int) -> int:

@@ -71,5 +71,6 @@ class FSDPBackend(TorchDistributedBackend):
             fully_shard(unit)
         fully_shard(module)
         optimizer = make_optimizer(module.parameters())
+        # Apex amp cannot wrap a sharded model: FSDP always uses native autocast.
         return FSDPEngine(module, optimizer, make_scheduler(optimizer),
                           Precision(self.precision_name, device), is_root=self.is_root)

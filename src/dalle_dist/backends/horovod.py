@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from dalle_dist.backends.base import DistributedBackend, Engine, OptimizerFactory, SchedulerFactory
-from dalle_dist.backends.precision import Precision
 from dalle_dist.backends.torch_dist import set_cpu_threads
 
 
@@ -113,13 +112,13 @@ class HorovodBackend(DistributedBackend):
                    clip_grad_norm: float | None = None) -> Engine:
         import horovod.torch as hvd
 
-        device = self.device
+        device, precision = self.device, self.precision()
         module = module.to(device)
+        module, optimizer = precision.prepare(module, make_optimizer(module.parameters()))
         hvd.broadcast_parameters(module.state_dict(), root_rank=0)
-        optimizer = hvd.DistributedOptimizer(make_optimizer(module.parameters()),
-                                             named_parameters=module.named_parameters())
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=module.named_parameters())
         # A fresh optimizer is the same on every rank. Broadcasting it now would make
         # Horovod create its state with a zero-gradient step, leaving Adam one step ahead
         # of the other backends; a resumed state is broadcast in load_optimizer_state.
-        return HorovodEngine(module, optimizer, make_scheduler(optimizer),
-                             Precision(self.precision_name, device), is_root=self.is_root)
+        return HorovodEngine(module, optimizer, make_scheduler(optimizer), precision,
+                             is_root=self.is_root)

@@ -1,32 +1,68 @@
 """Numeric precision of training: fp32, or bf16 / fp16 autocast (fp16 with loss scaling).
 
 DeepSpeed does its own mixed precision from its config; every other backend uses these.
+DALLE-pytorch's --amp meant NVIDIA Apex's amp at O1: it is used when a real Apex with
+`apex.amp` imports on CUDA, and native fp16 autocast otherwise, with one line saying why.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
+from torch import nn
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 _DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class Precision:
-    """Autocast context and gradient scaler for one precision on one device."""
+def apex_amp(device: torch.device) -> tuple[Any | None, str]:
+    """(apex.amp, "") when --amp can use NVIDIA Apex here, else (None, why not)."""
+    fallback = "using torch.autocast fp16 with a gradient scaler instead"
+    if device.type != "cuda":
+        return None, f"--amp: Apex amp needs CUDA and this run is on {device.type}; {fallback}"
+    try:
+        from apex import amp
+    except ImportError:
+        return None, ("--amp: NVIDIA Apex with apex.amp is not importable (apex.amp was "
+                      "removed upstream, and the PyPI package named apex is unrelated); "
+                      f"{fallback}")
+    return amp, ""
 
-    def __init__(self, name: str, device: torch.device) -> None:
+
+class Precision:
+    """Autocast context and loss scaling for one precision on one device."""
+
+    def __init__(self, name: str, device: torch.device, use_apex: bool = False) -> None:
         self.name, self.device = name, device
         self.dtype = _DTYPES[name]
+        self.apex = apex_amp(device)[0] if use_apex else None
         # fp16 gradients underflow without scaling; bf16 has fp32's range and needs none.
-        self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
+        self.scaler = (torch.amp.GradScaler(device.type)
+                       if name == "fp16" and self.apex is None else None)
+
+    def prepare(self, module: nn.Module, optimizer: torch.optim.Optimizer
+                ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Apex wraps model and optimizer itself (before DDP); native precision does not."""
+        if self.apex is None:
+            return module, optimizer
+        return self.apex.initialize(module, optimizer, opt_level="O1")
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
-        if self.dtype is None:
+        if self.dtype is None or self.apex is not None:
             yield
             return
         with torch.autocast(self.device.type, dtype=self.dtype):
             yield
+
+    def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+        if self.apex is not None:
+            with self.apex.scale_loss(loss, optimizer) as scaled:
+                scaled.backward()
+        elif self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()

@@ -31,6 +31,9 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
                        help="default %(default)s")
     group.add_argument("--fp16", action="store_const", const="fp16", dest="precision",
                        help="same as --precision fp16")
+    group.add_argument("--amp", action="store_true",
+                       help="fp16 through NVIDIA Apex amp (O1) when it imports on CUDA, else "
+                            "torch autocast fp16; the log says which")
     # Launchers pass --local_rank=N; the deepspeed launcher puts it before the subcommand,
     # where the top-level parser takes it. SUPPRESS keeps this copy from overwriting it.
     group.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int,

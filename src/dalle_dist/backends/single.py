@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from dalle_dist.backends.base import DistributedBackend, Engine, OptimizerFactory, SchedulerFactory
-from dalle_dist.backends.precision import Precision
 
 
 class SingleBackend(DistributedBackend):
@@ -28,7 +27,7 @@ class SingleBackend(DistributedBackend):
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
                    make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),
                    clip_grad_norm: float | None = None) -> Engine:
+        precision = self.precision()
         module = module.to(self.device)
-        optimizer = make_optimizer(module.parameters())
-        return Engine(module, optimizer, make_scheduler(optimizer),
-                      Precision(self.precision_name, self.device))
+        module, optimizer = precision.prepare(module, make_optimizer(module.parameters()))
+        return Engine(module, optimizer, make_scheduler(optimizer), precision)

@@ -9,7 +9,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dalle_dist.backends.base import Engine, OptimizerFactory, SchedulerFactory
-from dalle_dist.backends.precision import Precision
 from dalle_dist.backends.torch_dist import TorchDistributedBackend
 
 
@@ -30,11 +29,11 @@ class TorchBackend(TorchDistributedBackend):
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
                    make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),
                    clip_grad_norm: float | None = None) -> Engine:
-        device = self.device
+        device, precision = self.device, self.precision()
         module = module.to(device)
+        module, optimizer = precision.prepare(module, make_optimizer(module.parameters()))
         # DDP broadcasts rank 0's parameters and buffers here: every rank starts equal.
         ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda"
                                       else None)
-        optimizer = make_optimizer(module.parameters())
-        return DDPEngine(ddp, optimizer, make_scheduler(optimizer),
-                         Precision(self.precision_name, device), is_root=self.is_root)
+        return DDPEngine(ddp, optimizer, make_scheduler(optimizer), precision,
+                         is_root=self.is_root)

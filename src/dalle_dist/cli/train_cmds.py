@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dalle_dist.backends import DistributedBackend, add_backend_arguments, backend_from_args
 from dalle_dist.cli.parser import optional_float
 from dalle_dist.data import DataConfig
-from dalle_dist.model import VAEConfig
+from dalle_dist.model import ATTN_IMPLS, PATTERNS, VAEConfig
 from dalle_dist.train.config import TrainConfig, VAESchedule
 
 _VAE = VAEConfig()
@@ -188,8 +188,23 @@ def add_train(sub: argparse._SubParsersAction) -> None:
                        help="caption tokens (bytes with the default tokenizer; "
                             "default %(default)s)")
     model.add_argument("--attn_types", default="full",
-                       help="comma list of attention patterns cycled over layers "
-                            "(default %(default)s)")
+                       help="comma list of attention patterns cycled over layers: "
+                            f"{', '.join(PATTERNS)} (default %(default)s)")
+    model.add_argument("--attn_impl", choices=ATTN_IMPLS, default="auto",
+                       help="how attention is computed: auto picks the fastest correct path "
+                            "for the device (default %(default)s)")
+    model.add_argument("--conv_kernel_size", type=int, default=5,
+                       help="conv_like window side, odd (default %(default)s)")
+    model.add_argument("--conv_dilation", type=int, default=1,
+                       help="conv_like window dilation (default %(default)s)")
+    model.add_argument("--sparse_random_blocks", type=int, default=None,
+                       help="sparse: random 16-token blocks per block (default: a quarter of "
+                            "the sequence's blocks, as DALLE-pytorch)")
+    model.add_argument("--sparse_seed", type=int, default=0,
+                       help="seed of the sparse layout's random blocks (default %(default)s)")
+    model.add_argument("--stable_softmax", action="store_true",
+                       help="DALLE-pytorch's stable softmax: max-normalised output before the "
+                            "logits and a stabler softmax in the dense and gather paths")
     model.add_argument("--loss_img_weight", type=float, default=7.0,
                        help="default %(default)s")
     model.add_argument("--attn_dropout", type=float, default=0.0, help="default %(default)s")
@@ -207,7 +222,10 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from dalle_dist.train.commands import train_dalle
 
-    model_args = dict(dim=args.dim, depth=args.depth, heads=args.heads, dim_head=args.dim_head,
+    model_args = dict(conv_kernel_size=args.conv_kernel_size, conv_dilation=args.conv_dilation,
+                      sparse_random_blocks=args.sparse_random_blocks,
+                      sparse_seed=args.sparse_seed, stable_softmax=args.stable_softmax,
+                      dim=args.dim, depth=args.depth, heads=args.heads, dim_head=args.dim_head,
                       ff_mult=args.ff_mult, attn_dropout=args.attn_dropout,
                       ff_dropout=args.ff_dropout, loss_img_weight=args.loss_img_weight,
                       attn_types=tuple(t.strip() for t in args.attn_types.split(",") if t.strip()))
@@ -215,5 +233,6 @@ def run_train(args: argparse.Namespace) -> int:
         model_args, _train_config(args, args.clip_grad_norm),
         _data_config(args, args.image_size), args.dalle_output_file_name, backend,
         vae_path=args.vae_path, dalle_path=args.dalle_path, bpe_path=args.bpe_path,
+        attn_impl=args.attn_impl,
         text_seq_len=args.text_seq_len, lr_decay=args.lr_decay,
         fidelity_images=args.fidelity_images))

@@ -1,91 +1,48 @@
-"""Attention patterns and the attention layer that applies them.
+"""The attention layer: a pattern (patterns.py), a path to compute it (attention_paths.py)
+and a KV cache for sampling.
 
-A pattern is one mask definition (`allows`), the single source of truth for which earlier
-positions a query may see. The layer asks the pattern for what to hand to torch's
-`scaled_dot_product_attention`; patterns that are plain causal attention say so, which
-lets SDPA use its causal kernel instead of a materialised mask.
+The path is chosen per device when the layer is built and can be overridden with
+--attn_impl: "auto" takes the fastest correct one measured for the device (see
+bench/attention.py): on CPU, SDPA's causal kernel for full and the gather paths for the
+others; on CUDA, SDPA's causal kernel for full and FlexAttention for the others.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dalle_dist.errors import ConfigError
+from dalle_dist.model import attention_paths as paths
+from dalle_dist.model.patterns import (
+    AttentionPattern,
+    AxialColPattern,
+    AxialRowPattern,
+    ConvLikePattern,
+    SequenceLayout,
+    SparsePattern,
+)
+
+ATTN_IMPLS: tuple[str, ...] = ("auto", "gather", "sdpa", "flex", "dense")
 
 
-@dataclass(frozen=True)
-class SequenceLayout:
-    """Where text and image tokens sit in the transformer's input.
-
-    Positions 0..text_len-1 hold <bos> and the text; image token j (row-major over a
-    fmap_size x fmap_size grid) sits at text_len + j. The last image token is only ever
-    predicted, never fed, so a training sequence is one shorter than text + image.
-    """
-
-    text_len: int
-    fmap_size: int
-
-    @property
-    def image_len(self) -> int:
-        return self.fmap_size**2
-
-    @property
-    def seq_len(self) -> int:
-        return self.text_len + self.image_len - 1
+def has_gather_path(pattern: AttentionPattern) -> bool:
+    return isinstance(pattern, (AxialRowPattern, AxialColPattern, ConvLikePattern,
+                                SparsePattern))
 
 
-class AttentionPattern:
-    """Which keys each query may attend to; subclasses define `allows`."""
-
-    name: ClassVar[str]
-    #: True when `allows` is exactly "key position <= query position".
-    causal_only: ClassVar[bool] = False
-
-    def allows(self, layout: SequenceLayout, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """Boolean [len(q_pos), len(k_pos)]: may the query at q_pos[i] see k_pos[j]?"""
-        raise NotImplementedError
-
-    def sdpa_arguments(
-        self, layout: SequenceLayout, q_start: int, q_len: int, k_len: int, device: torch.device
-    ) -> tuple[Tensor | None, bool]:
-        """(attn_mask, is_causal) for queries q_start.. over keys 0..k_len-1."""
-        if self.causal_only:
-            if q_start == 0 and q_len == k_len:
-                return None, True
-            if q_start + q_len == k_len and q_len == 1:
-                return None, False  # the newest token sees everything before it
-        q_pos = torch.arange(q_start, q_start + q_len, device=device)
-        k_pos = torch.arange(k_len, device=device)
-        return self.allows(layout, q_pos, k_pos), False
-
-
-class FullPattern(AttentionPattern):
-    """Causal attention over everything: text and all earlier image tokens."""
-
-    name = "full"
-    causal_only = True
-
-    def allows(self, layout: SequenceLayout, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        return k_pos[None, :] <= q_pos[:, None]
-
-
-PATTERNS: dict[str, type[AttentionPattern]] = {cls.name: cls for cls in (FullPattern,)}
-
-
-def build_pattern(name: str) -> AttentionPattern:
-    """The pattern called `name`; an unknown name is a user error that lists the valid ones."""
-    try:
-        return PATTERNS[name]()
-    except KeyError:
-        known = ", ".join(sorted(PATTERNS))
-        raise ConfigError(
-            f"unknown attention pattern {name!r} in --attn_types", f"valid: {known}"
-        ) from None
+def resolve_impl(impl: str, pattern: AttentionPattern, device: torch.device) -> str:
+    """The path a layer with this pattern uses on this device for --attn_impl `impl`."""
+    if impl not in ATTN_IMPLS:
+        raise ConfigError(f"unknown --attn_impl {impl!r}", f"valid: {', '.join(ATTN_IMPLS)}")
+    if impl == "auto":
+        if pattern.causal_only:
+            return "sdpa"
+        return "flex" if device.type == "cuda" else "gather"
+    if impl == "gather" and not has_gather_path(pattern):
+        return "sdpa"  # full attention has no sparsity to gather: its causal kernel is it
+    return impl
 
 
 class LayerKVCache:
@@ -107,29 +64,65 @@ class LayerKVCache:
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention through SDPA, masked by an AttentionPattern."""
+    """Multi-head self-attention restricted by an AttentionPattern."""
 
     def __init__(self, dim: int, heads: int, dim_head: int, dropout: float,
-                 pattern: AttentionPattern) -> None:
+                 pattern: AttentionPattern, impl: str = "auto", stable: bool = False) -> None:
         super().__init__()
         self.heads, self.dim_head = heads, dim_head
-        self.dropout = dropout
+        self.dropout, self.stable = dropout, stable
         self.pattern = pattern
+        self.impl = impl
         inner = heads * dim_head
         self.to_qkv = nn.Linear(dim, inner * 3, bias=False)
         self.to_out = nn.Linear(inner, dim)
+        self._masks: dict[tuple[SequenceLayout, str], Tensor] = {}
+        self._flex: paths.FlexPath | None = None
+
+    def _mask(self, layout: SequenceLayout, device: torch.device) -> Tensor:
+        """The pattern's mask over the longest sequence, built once per layout and device."""
+        key = (layout, str(device))
+        if key not in self._masks:
+            self._masks[key] = self.pattern.full_mask(layout, layout.seq_len, device)
+        return self._masks[key]
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout) -> Tensor:
+        """Attention over positions 0..n-1 (no cache), along the chosen path."""
+        dropout = self.dropout if self.training else 0.0
+        n = q.shape[2]
+        impl = resolve_impl(self.impl, self.pattern, q.device)
+        if impl == "dense":
+            mask = self._mask(layout, q.device)[:n, :n]
+            return paths.dense_reference(q, k, v, mask, dropout, self.stable)
+        if impl == "sdpa":
+            if self.pattern.causal_only:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+            mask = self._mask(layout, q.device)[:n, :n]
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        if impl == "flex":
+            if self._flex is None:
+                self._flex = paths.FlexPath(self.pattern)
+            return self._flex(q, k, v, layout, dropout)
+        pattern = self.pattern
+        if isinstance(pattern, ConvLikePattern):
+            return paths.conv_gather(q, k, v, layout, dropout, pattern, self.stable)
+        if isinstance(pattern, SparsePattern):
+            return paths.block_gather(q, k, v, layout, dropout, pattern)
+        return paths.axial_gather(q, k, v, layout, dropout,
+                                  columns=isinstance(pattern, AxialColPattern))
 
     def forward(self, x: Tensor, layout: SequenceLayout,
                 cache: LayerKVCache | None = None) -> Tensor:
         b, n, _ = x.shape
         q, k, v = self.to_qkv(x).view(b, n, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)
-        q_start = 0
-        if cache is not None:
-            q_start = cache.length
+        if cache is None:
+            out = self._attend(q, k, v, layout)
+        else:
+            start = cache.length
             k, v = cache.append(k, v)
-        mask, is_causal = self.pattern.sdpa_arguments(layout, q_start, n, k.shape[2], x.device)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0,
-        )
+            if self.pattern.causal_only and n == 1:
+                mask = None  # the newest token sees everything before it
+            else:
+                mask = self._mask(layout, x.device)[start:start + n, :start + n]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.to_out(out.transpose(1, 2).reshape(b, n, -1))

@@ -68,6 +68,11 @@ class DALLEConfig(DictConfig):
     ff_dropout: float = 0.0
     attn_types: tuple[str, ...] = ("full",)
     loss_img_weight: float = 7.0
+    conv_kernel_size: int = 5
+    conv_dilation: int = 1
+    sparse_random_blocks: int | None = None  # None: a quarter of the sequence's blocks
+    sparse_seed: int = 0
+    stable_softmax: bool = False
 
     def __post_init__(self) -> None:
         # A checkpoint stores attn_types as a list; keep the dataclass hashable and comparable.

@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dalle_dist.model.attention import LayerKVCache, SequenceLayout
+from dalle_dist.model.attention import LayerKVCache
 from dalle_dist.model.config import DALLEConfig
+from dalle_dist.model.patterns import PatternOptions, SequenceLayout
 from dalle_dist.model.sampling import sample_tokens
 from dalle_dist.model.transformer import Transformer
 from dalle_dist.model.vae import DiscreteVAE
@@ -26,7 +27,7 @@ class DALLE(nn.Module):
     without computing and masking the other part.
     """
 
-    def __init__(self, config: DALLEConfig) -> None:
+    def __init__(self, config: DALLEConfig, attn_impl: str = "auto") -> None:
         super().__init__()
         config.validate()
         self.config = config
@@ -40,8 +41,11 @@ class DALLE(nn.Module):
         # Axial position: a row embedding plus a column embedding.
         self.image_row_emb = nn.Embedding(c.image_fmap_size, c.dim)
         self.image_col_emb = nn.Embedding(c.image_fmap_size, c.dim)
+        options = PatternOptions(c.conv_kernel_size, c.conv_dilation, c.sparse_random_blocks,
+                                 c.sparse_seed)
         self.transformer = Transformer(c.dim, c.depth, c.heads, c.dim_head, c.ff_mult,
-                                       c.attn_dropout, c.ff_dropout, c.attn_types)
+                                       c.attn_dropout, c.ff_dropout, c.attn_types, options,
+                                       attn_impl, c.stable_softmax)
         self.to_logits = nn.Linear(c.dim, self.text_vocab + c.num_image_tokens)
         self.apply(self._init_weights)
 
@@ -74,11 +78,20 @@ class DALLE(nn.Module):
         return (self.image_emb(tokens) + self.image_row_emb(cells // side)
                 + self.image_col_emb(cells % side))
 
+    def _stabilize(self, h: Tensor) -> Tensor:
+        """--stable_softmax: DALLE-pytorch divides the output by its max before the logits,
+        which keeps fp16 logits in range."""
+        if not self.config.stable_softmax:
+            return h
+        return h / h.amax(dim=-1, keepdim=True).detach()
+
     def _text_logits(self, h: Tensor) -> Tensor:
+        h = self._stabilize(h)
         w, b = self.to_logits.weight, self.to_logits.bias
         return F.linear(h, w[: self.text_vocab], b[: self.text_vocab])
 
     def _image_logits(self, h: Tensor) -> Tensor:
+        h = self._stabilize(h)
         w, b = self.to_logits.weight, self.to_logits.bias
         return F.linear(h, w[self.text_vocab :], b[self.text_vocab :])
 

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dalle_dist.model.attention import Attention, LayerKVCache, SequenceLayout, build_pattern
+from dalle_dist.model.attention import Attention, LayerKVCache
+from dalle_dist.model.patterns import PatternOptions, SequenceLayout, build_pattern
 
 
 class FeedForward(nn.Module):
@@ -29,10 +30,12 @@ class FeedForward(nn.Module):
 
 class Block(nn.Module):
     def __init__(self, dim: int, heads: int, dim_head: int, ff_mult: int, attn_dropout: float,
-                 ff_dropout: float, pattern_name: str) -> None:
+                 ff_dropout: float, pattern_name: str, options: PatternOptions,
+                 attn_impl: str, stable: bool) -> None:
         super().__init__()
         self.attn_norm = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads, dim_head, attn_dropout, build_pattern(pattern_name))
+        self.attn = Attention(dim, heads, dim_head, attn_dropout,
+                              build_pattern(pattern_name, options), attn_impl, stable)
         self.ff_norm = nn.LayerNorm(dim)
         self.ff = FeedForward(dim, ff_mult, ff_dropout)
 
@@ -44,12 +47,15 @@ class Block(nn.Module):
 
 class Transformer(nn.Module):
     def __init__(self, dim: int, depth: int, heads: int, dim_head: int, ff_mult: int,
-                 attn_dropout: float, ff_dropout: float, attn_types: tuple[str, ...]) -> None:
+                 attn_dropout: float, ff_dropout: float, attn_types: tuple[str, ...],
+                 options: PatternOptions | None = None, attn_impl: str = "auto",
+                 stable: bool = False) -> None:
         super().__init__()
         self.heads, self.dim_head = heads, dim_head
+        options = options or PatternOptions()
         self.blocks = nn.ModuleList(
             Block(dim, heads, dim_head, ff_mult, attn_dropout, ff_dropout,
-                  attn_types[i % len(attn_types)])
+                  attn_types[i % len(attn_types)], options, attn_impl, stable)
             for i in range(depth)
         )
         self.norm = nn.LayerNorm(dim)

@@ -29,7 +29,7 @@ from dalle_dist.data.images import make_grid, save_png
 from dalle_dist.data.tokenizer import load_tokenizer
 from dalle_dist.errors import ConfigError
 from dalle_dist.fileio import ensure_writable_file
-from dalle_dist.model import DALLEConfig, VAEConfig, build_pattern
+from dalle_dist.model import DALLEConfig, PatternOptions, VAEConfig, build_pattern
 from dalle_dist.train.builtin_vae import builtin_vae
 from dalle_dist.train.checkpoint import (
     dalle_parts,
@@ -81,6 +81,18 @@ def distribute(task: Task, backend: DistributedBackend, train_cfg: TrainConfig) 
     # so dropout masks and crops differ between ranks as they would between samples.
     torch.manual_seed(train_cfg.seed + backend.rank)
     return engine
+
+
+def check_attn_impl(attn_impl: str, device: torch.device, attn_dropout: float) -> None:
+    """--attn_impl flex trains only where FlexAttention has a backward, and without dropout."""
+    if attn_impl != "flex":
+        return
+    if device.type != "cuda":
+        raise ConfigError("--attn_impl flex cannot train on CPU: FlexAttention has no backward "
+                          "there", "use --attn_impl auto, gather or sdpa")
+    if attn_dropout:
+        raise ConfigError("--attn_impl flex has no attention dropout",
+                          "set --attn_dropout 0 or use --attn_impl sdpa")
 
 
 def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
@@ -135,7 +147,7 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
                 output: str, backend: DistributedBackend, *, vae_path: str | None = None,
                 dalle_path: str | None = None, bpe_path: str | None = None,
                 text_seq_len: int = 48, lr_decay: bool = False, fidelity_images: int = 64,
-                cache_dir: Path | None = None) -> float | None:
+                attn_impl: str = "auto", cache_dir: Path | None = None) -> float | None:
     """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere)."""
     train_cfg.validate()
     if vae_path and dalle_path:
@@ -143,8 +155,12 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
                           "a DALL-E checkpoint carries its VAE; give only --dalle_path")
     if fidelity_images < 0:
         raise ConfigError("--fidelity_images must be >= 0 (0 skips the evaluation)")
+    options = PatternOptions(**{k: model_args[k] for k in (
+        "conv_kernel_size", "conv_dilation", "sparse_random_blocks", "sparse_seed")
+        if k in model_args})
     for name in model_args.get("attn_types", ()):
-        build_pattern(name)
+        build_pattern(name, options)
+    check_attn_impl(attn_impl, backend.device, model_args.get("attn_dropout", 0.0))
     backend.check_config(train_cfg.batch_size)
     paths = RunPaths.for_output(output)
     ensure_writable_file(paths.checkpoint, "--dalle_output_file_name")
@@ -176,7 +192,7 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     check_captions(loader, tokenizer, model_cfg.text_seq_len, data_cfg.truncate_captions)
 
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), lr_decay,
-                     backend.device)
+                     backend.device, attn_impl)
     n_params = sum(p.numel() for p in task.model.parameters())
     state = LoopState()
     if resume is not None:

@@ -24,15 +24,15 @@ class DALLETask(Task):
 
     def __init__(self, config: DALLEConfig, vae: DiscreteVAE, tokenizer: Tokenizer,
                  train: TrainConfig, data: dict[str, Any], lr_decay: bool,
-                 device: torch.device) -> None:
+                 device: torch.device, attn_impl: str = "auto") -> None:
         self.config, self.train, self.data = config, train, data
         self.learning_rate = train.learning_rate
-        self.tokenizer, self.lr_decay = tokenizer, lr_decay
+        self.tokenizer, self.lr_decay, self.attn_impl = tokenizer, lr_decay, attn_impl
         self.vae = vae.to(device).eval().requires_grad_(False)
         self.model = self.build_model()
 
     def build_model(self) -> nn.Module:
-        return DALLE(self.config)
+        return DALLE(self.config, self.attn_impl)
 
     def make_scheduler(self, optimizer: torch.optim.Optimizer) -> Any | None:
         # DALLE-pytorch's --lr_decay: halve the rate when the epoch loss stops falling.
