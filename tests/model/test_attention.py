@@ -219,6 +219,9 @@ def test_auto_picks_a_path_per_device() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_impl("auto", build_pattern("full"), cpu) == "sdpa"
     assert resolve_impl("auto", build_pattern("axial_row"), cpu) == "gather"
+    assert resolve_impl("auto", build_pattern("sparse"), cpu) == "sdpa"
+    assert resolve_impl("auto", build_pattern("conv_like"), cpu, SequenceLayout(33, 16)) == "sdpa"
+    assert resolve_impl("auto", build_pattern("conv_like"), cpu, SequenceLayout(33, 32)) == "gather"
     assert resolve_impl("auto", build_pattern("sparse"), cuda) == "flex"
     assert resolve_impl("gather", build_pattern("full"), cpu) == "sdpa"
     with pytest.raises(ConfigError, match="valid: " + ", ".join(ATTN_IMPLS)):

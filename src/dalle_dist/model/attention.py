@@ -1,10 +1,16 @@
 """The attention layer: a pattern (patterns.py), a path to compute it (attention_paths.py)
 and a KV cache for sampling.
 
-The path is chosen per device when the layer is built and can be overridden with
---attn_impl: "auto" takes the fastest correct one measured for the device (see
-bench/attention.py): on CPU, SDPA's causal kernel for full and the gather paths for the
-others; on CUDA, SDPA's causal kernel for full and FlexAttention for the others.
+The path is chosen per device and sequence, and can be overridden with --attn_impl.
+"auto" takes the fastest correct one measured on the CPU machine (bench/attention.py;
+forward + backward of one layer, 256 and 1024 image tokens):
+  full               SDPA's causal kernel everywhere
+  axial_row/col      the band gather on CPU (0.6x full's time at 1024 tokens, 0.9x at 256)
+  conv_like          the band gather on CPU from 24 x 24 cells up (0.8x full at 1024);
+                     below that SDPA with the mask (the gather's set-up costs more there)
+  sparse             SDPA with the mask on CPU: the block gather copies its key blocks and
+                     loses to it at every density measured
+  on CUDA, every pattern but full goes to FlexAttention (block masks skip empty tiles).
 """
 
 from __future__ import annotations
@@ -32,14 +38,26 @@ def has_gather_path(pattern: AttentionPattern) -> bool:
                                 SparsePattern))
 
 
-def resolve_impl(impl: str, pattern: AttentionPattern, device: torch.device) -> str:
+#: conv_like's band gather beats the masked SDPA kernel on CPU from this grid side up.
+CONV_GATHER_MIN_SIDE = 24
+
+
+def resolve_impl(impl: str, pattern: AttentionPattern, device: torch.device,
+                 layout: SequenceLayout | None = None) -> str:
     """The path a layer with this pattern uses on this device for --attn_impl `impl`."""
     if impl not in ATTN_IMPLS:
         raise ConfigError(f"unknown --attn_impl {impl!r}", f"valid: {', '.join(ATTN_IMPLS)}")
     if impl == "auto":
         if pattern.causal_only:
             return "sdpa"
-        return "flex" if device.type == "cuda" else "gather"
+        if device.type == "cuda":
+            return "flex"
+        if isinstance(pattern, SparsePattern):
+            return "sdpa"
+        if isinstance(pattern, ConvLikePattern):
+            side = layout.fmap_size if layout is not None else 0
+            return "gather" if side >= CONV_GATHER_MIN_SIDE else "sdpa"
+        return "gather"
     if impl == "gather" and not has_gather_path(pattern):
         return "sdpa"  # full attention has no sparsity to gather: its causal kernel is it
     return impl
@@ -90,7 +108,7 @@ class Attention(nn.Module):
         """Attention over positions 0..n-1 (no cache), along the chosen path."""
         dropout = self.dropout if self.training else 0.0
         n = q.shape[2]
-        impl = resolve_impl(self.impl, self.pattern, q.device)
+        impl = resolve_impl(self.impl, self.pattern, q.device, layout)
         if impl == "dense":
             mask = self._mask(layout, q.device)[:n, :n]
             return paths.dense_reference(q, k, v, mask, dropout, self.stable)
@@ -104,12 +122,11 @@ class Attention(nn.Module):
                 self._flex = paths.FlexPath(self.pattern)
             return self._flex(q, k, v, layout, dropout)
         pattern = self.pattern
-        if isinstance(pattern, ConvLikePattern):
-            return paths.conv_gather(q, k, v, layout, dropout, pattern, self.stable)
         if isinstance(pattern, SparsePattern):
             return paths.block_gather(q, k, v, layout, dropout, pattern)
-        return paths.axial_gather(q, k, v, layout, dropout,
-                                  columns=isinstance(pattern, AxialColPattern))
+        rows_back = pattern.reach if isinstance(pattern, ConvLikePattern) else 0
+        return paths.band_gather(q, k, v, layout, dropout, pattern, rows_back,
+                                 columns=isinstance(pattern, AxialColPattern))
 
     def forward(self, x: Tensor, layout: SequenceLayout,
                 cache: LayerKVCache | None = None) -> Tensor:

@@ -5,8 +5,8 @@ same shape; all must equal `dense_reference` (tests check outputs and gradients)
 
   dense_reference  einsum + masked softmax: the reference, and DALLE-pytorch's method
   sdpa             torch's scaled_dot_product_attention with the pattern's boolean mask
-  axial_gather     rows (or columns) as batches: each image query scores text + its line
-  conv_gather      each image query scores text + its k x k window, unfolded
+  band_gather      grid lines as batches: each image query scores the text plus its line
+                   and the lines just before it (axial_row, axial_col, conv_like)
   block_gather     each 16-token query block scores only the key blocks the layout allows
   flex             FlexAttention with a BlockMask from the pattern's rule (CUDA)
 """
@@ -22,7 +22,6 @@ from torch import Tensor
 
 from dalle_dist.model.patterns import (
     AttentionPattern,
-    ConvLikePattern,
     SequenceLayout,
     SparsePattern,
 )
@@ -61,71 +60,47 @@ def _image_grid(t: Tensor, layout: SequenceLayout) -> Tensor:
     return image.view(*t.shape[:2], s, s, t.shape[-1])
 
 
-def axial_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout: float,
-                 columns: bool = False) -> Tensor:
-    """axial_row (or axial_col with columns=True): one SDPA batch per grid line."""
-    n, text, s = q.shape[2], layout.text_len, layout.fmap_size
-    out_text = _text_part(q, k, v, text, dropout)
-    if n <= text:
-        return out_text
-    grids = [_image_grid(t, layout) for t in (q, k, v)]
-    if columns:
-        grids = [g.transpose(2, 3) for g in grids]
-    qg, kg, vg = grids  # [b, h, line, place in line, d]
-    b, h = q.shape[:2]
-    kt = k[:, :, None, :text].expand(b, h, s, text, k.shape[-1])
-    vt = v[:, :, None, :text].expand(b, h, s, text, v.shape[-1])
-    keys, values = torch.cat((kt, kg), dim=3), torch.cat((vt, vg), dim=3)
-    place = torch.arange(s, device=q.device)
-    mask = torch.cat((torch.ones(s, text, dtype=torch.bool, device=q.device),
-                      place[None, :] <= place[:, None]), dim=1)
-    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, dropout_p=dropout)
-    if columns:
-        out = out.transpose(2, 3)
-    out_image = out.reshape(b, h, s * s, -1)[:, :, : n - text]
-    return torch.cat((out_text, out_image), dim=2)
-
-
-def conv_window_positions(layout: SequenceLayout, pattern: ConvLikePattern,
-                          device: torch.device) -> tuple[Tensor, Tensor]:
-    """For every image cell, the positions of its k x k window's cells and whether each
-    is on the grid: ([s*s, k*k] positions, [s*s, k*k] on-grid)."""
-    s, kk, d, reach = layout.fmap_size, pattern.kernel_size, pattern.dilation, pattern.reach
-    cells = torch.arange(s * s, device=device)
-    offsets = torch.arange(kk, device=device) * d - reach
-    rows = (cells // s)[:, None, None] + offsets[None, :, None]
-    cols = (cells % s)[:, None, None] + offsets[None, None, :]
-    on_grid = ((rows >= 0) & (rows < s) & (cols >= 0) & (cols < s)).flatten(1)
-    positions = (layout.text_len + rows * s + cols).flatten(1)
-    return positions, on_grid
-
-
-def conv_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout: float,
-                pattern: ConvLikePattern, stable: bool = False) -> Tensor:
-    """conv_like: each image query scores all text plus its unfolded window."""
+def band_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout: float,
+                pattern: AttentionPattern, rows_back: int, columns: bool = False) -> Tensor:
+    """axial_row (rows_back 0), axial_col (columns=True) and conv_like (rows_back = its
+    reach): each grid line's queries attend the text plus that line and the `rows_back`
+    lines before it; the pattern's rule masks that band down to exactly its key set."""
     n, text, s = q.shape[2], layout.text_len, layout.fmap_size
     out_text = _text_part(q, k, v, text, dropout)
     if n <= text:
         return out_text
     b, h, _, dh = q.shape
-    kk, reach, m = pattern.kernel_size, pattern.reach, n - text
+    band = rows_back + 1
+    grids = [_image_grid(t, layout) for t in (q, k, v)]
+    if columns:
+        grids = [g.transpose(2, 3) for g in grids]
+    qg, kg, vg = grids  # [b, h, line, place in line, d]
 
-    def windows(t: Tensor) -> Tensor:  # [b, h, s*s, k*k, d]
-        grid = _image_grid(t, layout).permute(0, 1, 4, 2, 3).reshape(b * h, dh, s, s)
-        cols = F.unfold(grid, kk, dilation=pattern.dilation, padding=reach)
-        return cols.view(b, h, dh, kk * kk, s * s).permute(0, 1, 4, 3, 2)[:, :, :m]
+    def banded(g: Tensor, t: Tensor) -> Tensor:
+        """[b, h, line, text + band * s, d]: the text, then lines line-rows_back .. line."""
+        padded = F.pad(g, (0, 0, 0, 0, rows_back, 0))
+        lines = padded.unfold(2, band, 1).permute(0, 1, 2, 5, 3, 4).reshape(b, h, s, band * s, dh)
+        return torch.cat((t[:, :, None, :text].expand(b, h, s, text, dh), lines), dim=3)
 
-    kw, vw = windows(k), windows(v)
-    positions, on_grid = conv_window_positions(layout, pattern, q.device)
-    query_pos = torch.arange(text, n, device=q.device)
-    valid = on_grid[:m] & pattern.allowed(layout, query_pos[:, None], positions[:m])
-    qi = q[:, :, text:] / math.sqrt(dh)
-    scores = torch.cat((qi @ k[:, :, :text].transpose(-1, -2),
-                        torch.einsum("bhnd,bhnwd->bhnw", qi, kw)
-                        .masked_fill(~valid, torch.finfo(q.dtype).min)), dim=-1)
-    attn = F.dropout(softmax(scores, stable), dropout)
-    out_image = (attn[..., :text] @ v[:, :, :text]
-                 + torch.einsum("bhnw,bhnwd->bhnd", attn[..., text:], vw))
+    keys, values = banded(kg, k), banded(vg, v)
+    # Positions of every query and band key, in the sequence; off-grid band rows get -1.
+    line = torch.arange(s, device=q.device)
+    place = torch.arange(s, device=q.device)
+    back = torch.arange(band, device=q.device) - rows_back
+    key_line = line[:, None, None] + back[None, :, None]  # [line, band, 1]
+    key_cell = ((key_line * s + place) if not columns else (place * s + key_line))
+    key_pos = torch.where(key_line >= 0, text + key_cell, -1).reshape(s, band * s)
+    key_pos = torch.cat((torch.arange(text, device=q.device).expand(s, text), key_pos), dim=1)
+    query_cell = (line[:, None] * s + place) if not columns else (place * s + line[:, None])
+    query_pos = text + query_cell  # [line, place]
+    mask = (key_pos[:, None, :] >= 0) & pattern.allowed(layout, query_pos[:, :, None],
+                                                        key_pos[:, None, :])
+    # Grid padding past the sequence: let such queries see themselves (no all-masked rows).
+    mask = mask | ((query_pos >= n)[:, :, None] & (key_pos[:, None, :] == query_pos[:, :, None]))
+    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, dropout_p=dropout)
+    if columns:
+        out = out.transpose(2, 3)
+    out_image = out.reshape(b, h, s * s, dh)[:, :, : n - text]
     return torch.cat((out_text, out_image), dim=2)
 
 
@@ -149,12 +124,17 @@ def block_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropou
     nb, width = ids.shape
     pad = nb * bs - n
 
-    def blocked(t: Tensor) -> Tensor:
-        return F.pad(t, (0, 0, 0, pad)).view(b, h, nb, bs, dh)
+    def blocks(t: Tensor) -> Tensor:  # [nb, b, h, bs, d]
+        t = F.pad(t, (0, 0, 0, pad)) if pad else t
+        # Blocks first and contiguous: selecting blocks copies whole memory runs.
+        return t.reshape(b, h, nb, bs, dh).permute(2, 0, 1, 3, 4).contiguous()
 
-    qb, kb, vb = blocked(q), blocked(k), blocked(v)
-    keys = kb[:, :, ids].reshape(b, h, nb, width * bs, dh)
-    values = vb[:, :, ids].reshape(b, h, nb, width * bs, dh)
+    qb, kb, vb = blocks(q), blocks(k), blocks(v)
+
+    def gathered(t: Tensor) -> Tensor:  # [b * nb, h, width * bs, d]
+        picked = t.index_select(0, ids.flatten()).view(nb, width, b, h, bs, dh)
+        return picked.permute(2, 0, 3, 1, 4, 5).reshape(b * nb, h, width * bs, dh)
+
     q_pos = torch.arange(nb * bs, device=q.device).view(nb, bs)
     k_pos = (ids[:, :, None] * bs + torch.arange(bs, device=q.device)).view(nb, width * bs)
     k_used = used.repeat_interleave(bs, dim=1) & (k_pos < n)
@@ -162,8 +142,10 @@ def block_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropou
     # Padding queries past the end must see something (an all-masked row is NaN in
     # backward, even when sliced off): let them see themselves.
     mask = mask | ((q_pos[:, :, None] >= n) & (k_pos[:, None, :] == q_pos[:, :, None]))
-    out = F.scaled_dot_product_attention(qb, keys, values, attn_mask=mask, dropout_p=dropout)
-    return out.reshape(b, h, nb * bs, dh)[:, :, :n]
+    out = F.scaled_dot_product_attention(
+        qb.transpose(0, 1).reshape(b * nb, h, bs, dh), gathered(kb), gathered(vb),
+        attn_mask=mask[:, None].repeat(b, 1, 1, 1), dropout_p=dropout)
+    return out.view(b, nb, h, bs, dh).transpose(1, 2).reshape(b, h, nb * bs, dh)[:, :, :n]
 
 
 class FlexPath:
