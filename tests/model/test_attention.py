@@ -237,3 +237,18 @@ def test_bad_pattern_options(options: PatternOptions, flag: str) -> None:
     name = "sparse" if flag == "--sparse_random_blocks" else "conv_like"
     with pytest.raises(ConfigError, match=flag):
         build_pattern(name, options)
+
+
+def test_stable_softmax_is_softmax_computed_differently() -> None:
+    """DALLE-pytorch's stable form must not change the result, only its fp16 range."""
+    from dalle_dist.model.attention_paths import softmax
+
+    scores = torch.randn(4, 7, dtype=torch.float64) * 50
+    torch.testing.assert_close(softmax(scores, stable=True), scores.softmax(-1),
+                               atol=1e-12, rtol=0)
+    layer = make_layer(make_pattern("conv_like", {}), "dense")
+    layer.stable = True
+    layout = LAYOUTS[-1]
+    x = torch.randn(2, layout.seq_len, DIM, dtype=torch.float64)
+    ref = reference(layer, x, brute_mask("conv_like", {}, layout, layout.seq_len))
+    torch.testing.assert_close(layer(x, layout), ref, atol=TOL, rtol=0)
