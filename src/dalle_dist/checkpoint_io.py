@@ -7,7 +7,10 @@ is refused before any of its code can run.
 
 from __future__ import annotations
 
+import os
 import pickle
+import re
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -20,13 +23,47 @@ from dalle_dist.fileio import atomic_writer
 FORMAT_VERSION = 1
 
 
+HISTORY_PATTERN = re.compile(r"step-(\d+)\.pt$")
+
+
 def write_checkpoint_file(path: str | Path, payload: dict[str, Any]) -> None:
     with atomic_writer(path) as f:
         torch.save(payload, f)
 
 
-def read_checkpoint_file(path: str | Path, flag: str) -> dict[str, Any]:
-    """The payload of a dalle_dist single-file checkpoint, or a one-line CheckpointError."""
+def history_dir(path: str | Path) -> Path:
+    """`dalle.pt` -> `dalle-checkpoints/`, where --keep_n_checkpoints keeps earlier saves."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}-checkpoints")
+
+
+def keep_history(path: str | Path, step: int, keep_n: int) -> Path:
+    """Keep the file just written at `path` as history/step-N.pt; drop all but the newest N.
+
+    A hard link costs no copy (`path` is replaced by rename at the next save, so the link
+    keeps this version); where links are not supported the file is copied atomically.
+    """
+    path, folder = Path(path), history_dir(path)
+    folder.mkdir(exist_ok=True)
+    kept = folder / f"step-{step:07d}.pt"
+    kept.unlink(missing_ok=True)
+    try:
+        os.link(path, kept)
+    except OSError:
+        with atomic_writer(kept) as out, open(path, "rb") as src:
+            shutil.copyfileobj(src, out)
+    saved = sorted((p for p in folder.iterdir() if HISTORY_PATTERN.match(p.name)),
+                   key=lambda p: int(HISTORY_PATTERN.match(p.name).group(1)), reverse=True)
+    for old in saved[keep_n:]:
+        old.unlink(missing_ok=True)
+    return kept
+
+
+def read_checkpoint_file(path: str | Path, flag: str, mmap: bool = False) -> dict[str, Any]:
+    """The payload of a dalle_dist single-file checkpoint, or a one-line CheckpointError.
+
+    mmap: map the tensors instead of reading them (to look at the metadata cheaply).
+    """
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{flag} {path} does not exist", "check the path")
@@ -34,7 +71,7 @@ def read_checkpoint_file(path: str | Path, flag: str) -> dict[str, Any]:
         raise CheckpointError(f"{flag} {path} is a directory, not a checkpoint file",
                               "give the .pt file written by dalle-dist")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         # torch says "Weights only load failed" for any file it cannot unpickle safely;
         # only "Unsupported global" means the file really names Python code to run.

@@ -31,3 +31,10 @@ class CheckpointError(DalleDistError):
 
 class OutputError(DalleDistError):
     """An output path that cannot be written."""
+
+
+class Stopped(Exception):
+    """Training was asked to stop (SIGTERM or SIGINT) and saved a resumable checkpoint."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)

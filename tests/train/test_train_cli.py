@@ -29,7 +29,9 @@ def test_vae_checkpoint_is_safe_and_complete(tiny_vae: Path) -> None:
     vae = DiscreteVAE(config)
     vae.load_state_dict(payload["weights"])
     assert payload["optimizer"]["state"], "Adam moments are saved for resuming"
-    assert set(payload["rng"]) >= {"python", "numpy", "torch"}
+    assert len(payload["rng"]) == 1, "one RNG record per rank"
+    assert set(payload["rng"][0]) >= {"python", "numpy", "torch"}
+    assert (payload["batch"], payload["loss_sum"]) == (0, 0.0), "saved at the epoch's end"
     assert not list(tiny_vae.parent.glob("*.tmp")), "no temporary file left behind"
 
 

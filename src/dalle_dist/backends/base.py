@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from dalle_dist.backends.precision import Precision, apex_amp
-from dalle_dist.checkpoint_io import write_checkpoint_file
+from dalle_dist.checkpoint_io import keep_history, write_checkpoint_file
 from dalle_dist.errors import ConfigError
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -96,15 +96,29 @@ class Engine:
         return self.module.state_dict()
 
     def optimizer_state_dict(self) -> dict[str, Any] | None:
-        """The optimizer state in single-file form on the root rank. Collective if sharded."""
-        return self.optimizer.state_dict()
+        """The optimizer state keyed by parameter name, on the root rank (collective if
+        sharded): the same form from every backend, so a checkpoint resumes on any other.
+
+        None before the first step: there is no state yet, and asking for it would make
+        torch initialise it with a zero-gradient step (Adam's step count one ahead).
+        """
+        if not self.optimizer.state:
+            return None
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        return get_optimizer_state_dict(self.module, self.optimizer,
+                                        options=StateDictOptions(full_state_dict=True))
 
     def rank_digest(self) -> str:
         """Hash of the full weights as this rank sees them (sharded engines gather first)."""
         return parameter_digest(self.module.state_dict())
 
-    def save(self, path: str | Path, meta: dict[str, Any]) -> None:
-        """Write meta + weights + optimizer + scheduler as one file, from the root rank.
+    def save(self, path: str | Path, meta: dict[str, Any], keep_n: int | None = None) -> None:
+        """Write meta + weights + optimizer + scheduler as one file, from the root rank;
+        keep_n: also keep it among the newest N in `<name>-checkpoints/`.
 
         Every rank calls it (gathering a sharded model is collective); only the root writes.
         """
@@ -113,13 +127,31 @@ class Engine:
             scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
             write_checkpoint_file(path, {**meta, "weights": weights, "optimizer": optimizer,
                                          "scheduler": scheduler})
+            if keep_n:
+                keep_history(path, meta["step"], keep_n)
 
-    def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        """Restore optimizer and scheduler state from a single-file checkpoint."""
-        if state.get("optimizer"):
-            self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state.get("scheduler"):
-            self.scheduler.load_state_dict(state["scheduler"])
+    def load_training_state(self, payload: dict[str, Any]) -> str | None:
+        """Restore optimizer and scheduler state from a checkpoint (the weights are loaded
+        before the model is wrapped). Returns why the optimizer starts fresh, if it does."""
+        optimizer = payload.get("optimizer")
+        if self.scheduler is not None and payload.get("scheduler"):
+            self.scheduler.load_state_dict(payload["scheduler"])
+        if not optimizer:
+            return None if payload.get("step", 0) == 0 else "the checkpoint holds none"
+        self._load_optimizer(optimizer)
+        return None
+
+    def _load_optimizer(self, optimizer: dict[str, Any]) -> None:
+        if all(isinstance(k, int) for k in optimizer.get("state", {})):
+            self.optimizer.load_state_dict(optimizer)  # keyed by index (format of 0.1.0)
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        set_optimizer_state_dict(self.module, self.optimizer, optimizer,
+                                 options=StateDictOptions(full_state_dict=True))
 
 
 class DistributedBackend(ABC):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,15 +27,14 @@ from dalle_dist.backends.base import (
 from dalle_dist.backends.precision import Precision
 from dalle_dist.backends.torch_dist import TorchDistributedBackend
 from dalle_dist.checkpoint_io import write_checkpoint_file
-from dalle_dist.errors import ConfigError
-
-#: DALLE-pytorch's layout: `<name>-ds-cp/` beside the single-file name, metadata in here.
-AUXILIARY_FILE = "auxiliary.pt"
-
-
-def ds_checkpoint_dir(path: str | Path) -> Path:
-    path = Path(path)
-    return path.with_name(f"{path.stem}-ds-cp")
+from dalle_dist.ds_checkpoint import (
+    check_ds_files_safe,
+    ds_checkpoint_dir,
+    new_tag,
+    publish_tag,
+    write_tag_meta,
+)
+from dalle_dist.errors import CheckpointError, ConfigError
 
 
 def read_json_config(path: str) -> dict[str, Any]:
@@ -123,21 +123,53 @@ class DeepSpeedEngine(Engine):
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
             return parameter_digest(dict(self.module.named_parameters()))
 
-    def save(self, path: str | Path, meta: dict[str, Any]) -> None:
-        """DeepSpeed's own directory (all ranks), auxiliary.pt and a single weights file (root)."""
+    def save(self, path: str | Path, meta: dict[str, Any], keep_n: int | None = None) -> None:
+        """DeepSpeed's own tag (all ranks), our metadata in it and beside it, a single
+        weights file (root), and only then `latest`: a save cut short anywhere leaves
+        `latest` naming the previous complete tag."""
+        import torch.distributed as dist
+
         directory = ds_checkpoint_dir(path)
-        self.ds_engine.save_checkpoint(str(directory), tag=f"global_step{meta['step']}",
-                                       client_state={"step": meta["step"]})
+        tag = new_tag(directory, meta["step"])
+        if self.is_root and (directory / tag).exists():
+            shutil.rmtree(directory / tag)  # left by a save that never finished
+        dist.barrier()
+        self.ds_engine.save_checkpoint(str(directory), tag=tag,
+                                       client_state={"step": meta["step"]}, save_latest=False)
         weights = self.full_state_dict()
         if self.is_root:
             scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
             aux = {**meta, "scheduler": scheduler, "zero_stage": self.stage}
-            write_checkpoint_file(directory / AUXILIARY_FILE, aux)
+            write_tag_meta(directory, tag, aux)
             write_checkpoint_file(path, {**aux, "weights": weights, "optimizer": None})
+        dist.barrier()  # every rank's partition files are written
+        if self.is_root:
+            publish_tag(directory, tag, keep_n)
 
-    def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        if self.scheduler is not None and state.get("scheduler"):
-            self.scheduler.load_state_dict(state["scheduler"])
+    def load_training_state(self, payload: dict[str, Any]) -> str | None:
+        """A DeepSpeed directory restores everything through DeepSpeed; a single file
+        brings weights (loaded before wrapping) but no optimizer state for ZeRO."""
+        if self.scheduler is not None and payload.get("scheduler"):
+            self.scheduler.load_state_dict(payload["scheduler"])
+        if "ds_dir" not in payload:
+            if payload.get("step", 0) == 0:
+                return None
+            return ("DeepSpeed keeps its optimizer state in its own directory, and this "
+                    "checkpoint is a single file")
+        directory, tag = Path(payload["ds_dir"]), payload["ds_tag"]
+        check_ds_files_safe(directory / tag, "--resume")
+        if payload["world_size"] != self.ds_engine.world_size and payload.get("zero_stage"):
+            raise CheckpointError(
+                f"{directory} holds ZeRO-{payload['zero_stage']} partitions of "
+                f"{payload['world_size']} ranks, this run has {self.ds_engine.world_size}",
+                f"launch {payload['world_size']} ranks, or convert it first: dalle-dist "
+                f"checkpoint convert {directory} OUT.pt")
+        loaded, _ = self.ds_engine.load_checkpoint(str(directory), tag=tag,
+                                                   load_lr_scheduler_states=False)
+        if loaded is None:
+            raise CheckpointError(f"DeepSpeed could not load {directory}/{tag}",
+                                  "check the directory, or convert it to a single file")
+        return None
 
 
 class DeepSpeedBackend(TorchDistributedBackend):

@@ -34,10 +34,7 @@ class FSDPEngine(Engine):
         return state if self.is_root else None
 
     def optimizer_state_dict(self) -> dict[str, Any] | None:
-        if not self.optimizer.state:
-            # Before the first step there is nothing to save, and asking would make torch
-            # initialise the state with a zero-gradient step: Adam's step count would then
-            # be one ahead and training would no longer match the other backends.
+        if not self.optimizer.state:  # see Engine.optimizer_state_dict
             return None
         state = get_optimizer_state_dict(self.module, self.optimizer, options=_FULL_ON_ROOT)
         return state if self.is_root else None
@@ -47,13 +44,11 @@ class FSDPEngine(Engine):
                                     options=StateDictOptions(full_state_dict=True))
         return parameter_digest(full)
 
-    def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        if state.get("optimizer"):
-            set_optimizer_state_dict(
-                self.module, self.optimizer, state["optimizer"],
-                options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
-        if self.scheduler is not None and state.get("scheduler"):
-            self.scheduler.load_state_dict(state["scheduler"])
+    def _load_optimizer(self, optimizer: dict[str, Any]) -> None:
+        # Every rank read the file: each takes its own shard of the full state.
+        set_optimizer_state_dict(
+            self.module, self.optimizer, optimizer,
+            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
 
 
 class FSDPBackend(TorchDistributedBackend):

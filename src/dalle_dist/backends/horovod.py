@@ -46,12 +46,6 @@ class HorovodEngine(Engine):
     def zero_grad(self) -> None:
         self.optimizer.zero_grad()  # Horovod's takes no set_to_none (torch's default is True)
 
-    def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        import horovod.torch as hvd
-
-        super().load_optimizer_state(state)
-        hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
-
 
 class HorovodBackend(DistributedBackend):
     name = "horovod"
@@ -119,6 +113,6 @@ class HorovodBackend(DistributedBackend):
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=module.named_parameters())
         # A fresh optimizer is the same on every rank. Broadcasting it now would make
         # Horovod create its state with a zero-gradient step, leaving Adam one step ahead
-        # of the other backends; a resumed state is broadcast in load_optimizer_state.
+        # of the other backends; a resumed state is read from the file by every rank.
         return HorovodEngine(module, optimizer, make_scheduler(optimizer), precision,
                              is_root=self.is_root)

@@ -17,6 +17,24 @@ from dalle_dist.backends.base import DistributedBackend
 from dalle_dist.errors import ConfigError
 
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+TIMEOUT = timedelta(minutes=30)
+
+
+def restart_store(rank: int, world_size: int) -> dist.Store:
+    """torchrun's key-value store, with keys private to this attempt of the group.
+
+    After `torchrun --max-restarts` restarts a group, the store can still hold the
+    addresses the killed group's ranks published; gloo then dials a dead rank ("Connection
+    refused") when its peer reads the stale key first (seen in about 1 of 3 restarts).
+    """
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store = dist.TCPStore(host, port, world_size, is_master=False, timeout=TIMEOUT)
+    else:  # rank 0 hosts it (bare processes given a launcher's variables)
+        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=TIMEOUT,
+                              multi_tenant=True)
+    return dist.PrefixStore(f"dalle_dist/attempt_{attempt}", store)
 
 
 def set_cpu_threads(local_world_size: int) -> None:
@@ -53,7 +71,8 @@ class TorchDistributedBackend(DistributedBackend):
 
     def init_process_group(self, device: torch.device) -> None:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=timedelta(minutes=30),
+                                timeout=TIMEOUT, store=restart_store(self.rank, self.world_size),
+                                rank=self.rank, world_size=self.world_size,
                                 device_id=device if device.type == "cuda" else None)
 
     def shutdown(self) -> None:

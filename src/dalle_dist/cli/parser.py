@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from typing import NoReturn
 
 
@@ -20,3 +21,30 @@ def optional_float(text: str) -> float | None:
     if text.lower() in ("none", "off"):
         return None
     return float(text)
+
+
+def given_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The dests of the options written on the command line, as opposed to defaults.
+
+    A resumed run must tell `--dim 128` typed by the user (checked against the
+    checkpoint) from dim's default (taken from the checkpoint).
+    """
+    actions = parser._option_string_actions  # argparse keeps this map private
+    given = set()
+    for token in argv:
+        if not token.startswith("--"):
+            continue
+        option = token.split("=", 1)[0]
+        matches = [option] if option in actions else [
+            name for name in actions if name.startswith(option)]
+        if len(matches) == 1:
+            given.add(actions[matches[0]].dest)
+    return given
+
+
+def subcommand_parser(parser: argparse.ArgumentParser, command: str
+                      ) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(command)
+    return None

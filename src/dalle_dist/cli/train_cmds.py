@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dalle_dist.backends import DistributedBackend, add_backend_arguments, backend_from_args
 from dalle_dist.cli.parser import optional_float
 from dalle_dist.data import DataConfig
+from dalle_dist.errors import ConfigError
 from dalle_dist.model import ATTN_IMPLS, PATTERNS, VAEConfig
-from dalle_dist.train.config import TrainConfig, VAESchedule
+from dalle_dist.train.config import ResumeConfig, TrainConfig, VAESchedule
 
 _VAE = VAEConfig()
 _SCHEDULE = VAESchedule()
@@ -56,6 +57,14 @@ def _add_train_args(parser: argparse.ArgumentParser, defaults: TrainConfig) -> N
     group.add_argument("--log_every_n_steps", type=int, default=defaults.log_every_n_steps,
                        help="metrics JSONL interval (default %(default)s)")
     group.add_argument("--seed", type=int, default=defaults.seed, help="default %(default)s")
+    group.add_argument("--resume", default=None, metavar="auto|PATH",
+                       help="continue a run: auto takes the newest complete checkpoint of the "
+                            "output name (starting fresh when there is none), PATH a given "
+                            "checkpoint file or DeepSpeed directory; weights, optimizer, "
+                            "scheduler, RNG and data position are restored")
+    group.add_argument("--keep_n_checkpoints", type=int, default=None, metavar="N",
+                       help="keep the newest N saves: NAME-checkpoints/step-*.pt, or the "
+                            "DeepSpeed tags (default: only NAME.pt, and every DeepSpeed tag)")
     group.add_argument("--device", default=None,
                        help="cpu, cuda or cuda:N (default: the rank's GPU when there is one, "
                             "else cpu)")
@@ -76,6 +85,18 @@ def _data_config(args: argparse.Namespace, image_size: int) -> DataConfig:
                       truncate_captions=getattr(args, "truncate_captions", False),
                       resize_ratio=args.resize_ratio, shapes_count=args.shapes_count,
                       shapes_seed=args.shapes_seed, num_workers=args.num_workers)
+
+
+def _resume_config(args: argparse.Namespace, model: dict[str, object],
+                   path_flag: str | None = None) -> ResumeConfig:
+    """--resume (or DALLE-pytorch's --dalle_path) and the model flags the user typed."""
+    path = getattr(args, path_flag.lstrip("-"), None) if path_flag else None
+    if path and args.resume:
+        raise ConfigError(f"--resume and {path_flag} both name a checkpoint", "give one of them")
+    given = {key: value for key, value in model.items() if key in args.given}
+    return ResumeConfig(source=path or args.resume,
+                        flag=path_flag if path else "--resume",
+                        keep_n_checkpoints=args.keep_n_checkpoints, given_model=given)
 
 
 def run_on_backend(args: argparse.Namespace, command: Callable[[DistributedBackend], None]
@@ -150,9 +171,12 @@ def run_train_vae(args: argparse.Namespace) -> int:
     schedule = VAESchedule(starting_temp=args.starting_temp, temp_min=args.temp_min,
                            anneal_rate=args.anneal_rate, lr_decay_rate=args.lr_decay_rate)
     vae_cfg.validate()
+    typed = {**vars(args), "codebook_dim": args.emb_dim}
+    args.given = {"codebook_dim" if d == "emb_dim" else d for d in getattr(args, "given", ())}
+    resume = _resume_config(args, {k: typed[k] for k in vae_cfg.to_dict() if k in typed})
     return run_on_backend(args, lambda backend: train_vae(
         vae_cfg, schedule, _train_config(args, None), _data_config(args, args.image_size),
-        args.vae_output_file_name, backend))
+        args.vae_output_file_name, backend, resume=resume))
 
 
 # -- train ---------------------------------------------------------------------------
@@ -229,10 +253,12 @@ def run_train(args: argparse.Namespace) -> int:
                       ff_mult=args.ff_mult, attn_dropout=args.attn_dropout,
                       ff_dropout=args.ff_dropout, loss_img_weight=args.loss_img_weight,
                       attn_types=tuple(t.strip() for t in args.attn_types.split(",") if t.strip()))
+    resume = _resume_config(args, {**model_args, "text_seq_len": args.text_seq_len},
+                            "--dalle_path")
     return run_on_backend(args, lambda backend: train_dalle(
         model_args, _train_config(args, args.clip_grad_norm),
         _data_config(args, args.image_size), args.dalle_output_file_name, backend,
-        vae_path=args.vae_path, dalle_path=args.dalle_path, bpe_path=args.bpe_path,
+        vae_path=args.vae_path, resume=resume, bpe_path=args.bpe_path,
         attn_impl=args.attn_impl,
         text_seq_len=args.text_seq_len, lr_decay=args.lr_decay,
         fidelity_images=args.fidelity_images))

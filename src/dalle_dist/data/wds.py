@@ -157,10 +157,13 @@ class WebDatasetLoader:
                                                 num_workers=self.num_workers,
                                                 collate_fn=self.collate, drop_last=True))
 
-    def epoch(self, epoch: int) -> Iterator[Any]:
-        """Exactly len(self) batches. Each sample once, unless undecodable samples were
-        skipped: then a second pass tops the epoch up, so this rank does not run short
-        and leave the others waiting in an all-reduce."""
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[Any]:
+        """Exactly len(self) batches, from batch `start` on (a resumed run: the earlier
+        ones are read and dropped, since a tar stream has no index to seek by).
+
+        Each sample once, unless undecodable samples were skipped: then a second pass
+        tops the epoch up, so this rank does not run short and leave the others waiting
+        in an all-reduce."""
         def passes() -> Iterator[Any]:
             for attempt in itertools.count():
                 produced = 0
@@ -170,4 +173,4 @@ class WebDatasetLoader:
                 if produced == 0:
                     raise DataError("no sample of this rank's WebDataset shards could be "
                                     "decoded", "check the shards' images")
-        return itertools.islice(passes(), self.steps)
+        return itertools.islice(passes(), start, self.steps)

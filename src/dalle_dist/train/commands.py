@@ -27,20 +27,21 @@ from dalle_dist.data import (
 )
 from dalle_dist.data.images import make_grid, save_png
 from dalle_dist.data.tokenizer import load_tokenizer
-from dalle_dist.errors import ConfigError
+from dalle_dist.errors import ConfigError, Stopped
 from dalle_dist.fileio import ensure_writable_file
 from dalle_dist.model import DALLEConfig, PatternOptions, VAEConfig, build_pattern
 from dalle_dist.train.builtin_vae import builtin_vae
 from dalle_dist.train.checkpoint import (
     dalle_parts,
     load_checkpoint,
-    restore_rng,
+    restore_rank_rng,
     vae_from_checkpoint,
 )
-from dalle_dist.train.config import RunPaths, TrainConfig, VAESchedule
+from dalle_dist.train.config import ResumeConfig, RunPaths, TrainConfig, VAESchedule
 from dalle_dist.train.dalle_task import DALLETask
 from dalle_dist.train.evaluate import evaluate_fidelity
 from dalle_dist.train.loop import LoopState, inference_model, train
+from dalle_dist.train.resume import check_flags_agree, is_own_checkpoint, newest_checkpoint
 from dalle_dist.train.run_log import RunLog
 from dalle_dist.train.task import Task
 from dalle_dist.train.vae_task import VAETask
@@ -95,26 +96,98 @@ def check_attn_impl(attn_impl: str, device: torch.device, attn_dropout: float) -
                           "set --attn_dropout 0 or use --attn_impl sdpa")
 
 
+def remove_unfinished_saves(paths: RunPaths, log: RunLog) -> None:
+    """Temporary files of saves that a kill cut short (the rename never happened)."""
+    for leftover in paths.checkpoint.parent.glob(f".{paths.checkpoint.name}.*.tmp"):
+        log.info(f"removing an unfinished save: {leftover}")
+        leftover.unlink(missing_ok=True)
+
+
+def find_resume(resume: ResumeConfig, paths: RunPaths, kind: str,
+                backend: DistributedBackend, log: RunLog) -> tuple[dict[str, Any] | None, bool]:
+    """The checkpoint to continue from (None: a fresh run) and whether it is this run's
+    own newest one (then there is no need to save it again before the first step)."""
+    source, flag = resume.source, resume.flag
+    if source and backend.is_root:
+        remove_unfinished_saves(paths, log)
+    if source == "auto":
+        found = newest_checkpoint(paths, log)
+        if found is None:
+            log.info(f"--resume auto: no checkpoint of {paths.checkpoint} yet: starting fresh")
+            return None, False
+        source, flag = str(found), "--resume"
+    if source is None:
+        return None, False
+    payload = load_checkpoint(source, flag, kind, keep_ds_dir=backend.name == "deepspeed")
+    within = f", {payload['batch']} batches into the next" if payload.get("batch") else ""
+    log.info(f"resuming {source} at step {payload['step']} (epoch {payload['epoch']}{within})")
+    payload["loaded_from"] = str(source)
+    return payload, is_own_checkpoint(Path(source), paths)
+
+
+def restore_training(payload: dict[str, Any], engine: Engine, backend: DistributedBackend,
+                     train_cfg: TrainConfig, log: RunLog) -> LoopState:
+    """Optimizer, scheduler, RNG and data position of `payload`, put back on this rank.
+
+    Called last before the loop, so no setup step draws from the restored RNG.
+    """
+    why = engine.load_training_state(payload)
+    if why:
+        log.info(f"warning: the optimizer starts fresh ({why})")
+    state = LoopState.from_checkpoint(payload)
+    saved_batch = payload["configs"].get("train", {}).get("batch_size", train_cfg.batch_size)
+    if state.batch and saved_batch != train_cfg.batch_size:
+        state.batch = state.batch * saved_batch // train_cfg.batch_size
+        log.info(f"warning: --batch_size {train_cfg.batch_size} differs from the "
+                 f"checkpoint's {saved_batch}: the epoch goes on from batch {state.batch}")
+    exact = restore_rank_rng(payload["rng"], backend.rank, backend.world_size,
+                             train_cfg.seed + state.step)
+    if not exact:
+        log.info(f"warning: the checkpoint was saved by {payload['world_size']} rank(s), this "
+                 f"run has {backend.world_size}: random states reseeded (the run continues, "
+                 "but no longer repeats an uninterrupted one exactly)")
+    return state
+
+
+def stop_everywhere(stopped: Stopped | None, backend: DistributedBackend) -> None:
+    """Rank 0 trained alone (the built-in VAE) and may have been stopped: all ranks stop."""
+    message = backend.broadcast_object(str(stopped) if stopped else None)
+    if message:
+        raise Stopped(message if backend.is_root else "")
+
+
 def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
               data_cfg: DataConfig, output: str, backend: DistributedBackend,
-              log: RunLog | None = None, paths: RunPaths | None = None) -> Path:
+              log: RunLog | None = None, paths: RunPaths | None = None,
+              resume: ResumeConfig | None = None) -> Path:
     """Train a discrete VAE; returns the checkpoint path."""
-    for cfg in (vae_cfg, schedule, train_cfg):
+    resume = resume or ResumeConfig()
+    for cfg in (vae_cfg, schedule, train_cfg, resume):
         cfg.validate()
     backend.check_config(train_cfg.batch_size)
     paths = paths or RunPaths.for_output(output)
     ensure_writable_file(paths.checkpoint, "--vae_output_file_name")
     log = log or RunLog(paths.metrics, backend.is_root)
     seed_everything(train_cfg.seed)
+    payload, own = find_resume(resume, paths, "vae", backend, log)
+    if payload is not None:
+        check_flags_agree(resume.given_model, payload["configs"]["model"],
+                          payload["loaded_from"])
+        vae_cfg = VAEConfig.from_dict(payload["configs"]["model"])
     loader = rank_batches(data_cfg, vae_cfg.image_size, train_cfg, backend,
                           CaptionCollate(None, 0, False), False, log, flag="--image_folder")
 
     task = VAETask(vae_cfg, schedule, train_cfg, data_cfg.to_dict())
+    if payload is not None and payload["weights"] is not None:
+        task.model.load_state_dict(payload["weights"])
     engine = distribute(task, backend, train_cfg)
     log.info(f"training a VAE: {vae_cfg.image_size}px -> {vae_cfg.fmap_size}x"
              f"{vae_cfg.fmap_size} tokens of {vae_cfg.num_tokens}, {train_cfg.epochs} epochs "
              f"of {len(loader)} steps at {describe_batch(backend, train_cfg.batch_size, loader)}")
-    train(task, engine, backend, loader, train_cfg, paths, log)
+    state = None if payload is None else restore_training(payload, engine, backend, train_cfg,
+                                                          log)
+    train(task, engine, backend, loader, train_cfg, paths, log, state, save_first=not own,
+          keep_n=resume.keep_n_checkpoints)
     log.info(f"saved VAE to {paths.checkpoint}")
     return paths.checkpoint
 
@@ -135,24 +208,33 @@ def builtin_vae_payload(data_cfg: DataConfig, backend: DistributedBackend, log: 
             log.info(f"no --vae_path given: training a VAE on built-in shapes first "
                      f"(cached as {spec.path} for later runs)")
             partial = RunPaths(spec.partial_path)
-            train_vae(spec.vae, spec.schedule, spec.train, spec.data, str(partial.checkpoint),
-                      SingleBackend.on(backend.device), log=RunLog(partial.metrics), paths=partial)
+            try:
+                train_vae(spec.vae, spec.schedule, spec.train, spec.data,
+                          str(partial.checkpoint), SingleBackend.on(backend.device),
+                          log=RunLog(partial.metrics), paths=partial)
+            except Stopped as exc:
+                stop_everywhere(exc, backend)  # the partial VAE is not cached
             os.replace(partial.checkpoint, spec.path)
             log.info(f"built-in VAE cached as {spec.path}")
+        stop_everywhere(None, backend)
         payload = load_checkpoint(str(spec.path), "the cached VAE", "vae")
+    else:
+        stop_everywhere(None, backend)
     return backend.broadcast_object(payload)
 
 
 def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: DataConfig,
                 output: str, backend: DistributedBackend, *, vae_path: str | None = None,
-                dalle_path: str | None = None, bpe_path: str | None = None,
+                resume: ResumeConfig | None = None, bpe_path: str | None = None,
                 text_seq_len: int = 48, lr_decay: bool = False, fidelity_images: int = 64,
                 attn_impl: str = "auto", cache_dir: Path | None = None) -> float | None:
     """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere)."""
+    resume = resume or ResumeConfig()
     train_cfg.validate()
-    if vae_path and dalle_path:
-        raise ConfigError("--vae_path and --dalle_path cannot be combined",
-                          "a DALL-E checkpoint carries its VAE; give only --dalle_path")
+    resume.validate()
+    if vae_path and resume.source and resume.source != "auto":
+        raise ConfigError(f"--vae_path and {resume.flag} cannot be combined",
+                          "a DALL-E checkpoint carries its VAE; drop --vae_path")
     if fidelity_images < 0:
         raise ConfigError("--fidelity_images must be >= 0 (0 skips the evaluation)")
     options = PatternOptions(**{k: model_args[k] for k in (
@@ -167,11 +249,13 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     log = RunLog(paths.metrics, backend.is_root)
     seed_everything(train_cfg.seed)
 
-    resume: dict[str, Any] | None = None
-    if dalle_path:
-        resume = load_checkpoint(dalle_path, "--dalle_path", "dalle")
-        model_cfg, vae, tokenizer = dalle_parts(resume)
-        log.info(f"resuming {dalle_path} at step {resume['step']} (epoch {resume['epoch']})")
+    payload, own = find_resume(resume, paths, "dalle", backend, log)
+    if payload is not None:
+        check_flags_agree(resume.given_model, payload["configs"]["model"],
+                          payload["loaded_from"])
+        model_cfg, vae, tokenizer = dalle_parts(payload)
+        if vae_path:
+            log.info("the checkpoint carries its VAE: --vae_path is not used")
     else:
         if vae_path:
             vae = vae_from_checkpoint(load_checkpoint(vae_path, "--vae_path", "vae"))
@@ -194,19 +278,17 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), lr_decay,
                      backend.device, attn_impl)
     n_params = sum(p.numel() for p in task.model.parameters())
-    state = LoopState()
-    if resume is not None:
-        task.model.load_state_dict(resume["weights"])
+    if payload is not None and payload["weights"] is not None:
+        task.model.load_state_dict(payload["weights"])
     engine = distribute(task, backend, train_cfg)
-    if resume is not None:
-        engine.load_optimizer_state(resume)
-        state = LoopState(epoch=resume["epoch"], step=resume["step"])
-        restore_rng(resume["rng"])
     log.info(f"training DALL-E: {n_params / 1e6:.2f}M parameters, "
              f"{model_cfg.text_seq_len} text + {model_cfg.image_seq_len} image tokens, "
              f"{train_cfg.epochs} epochs of {len(loader)} steps at "
              f"{describe_batch(backend, train_cfg.batch_size, loader)}")
-    train(task, engine, backend, loader, train_cfg, paths, log, state)
+    state = None if payload is None else restore_training(payload, engine, backend, train_cfg,
+                                                          log)
+    train(task, engine, backend, loader, train_cfg, paths, log, state, save_first=not own,
+          keep_n=resume.keep_n_checkpoints)
     log.info(f"saved DALL-E to {paths.checkpoint}")
 
     if not (data_cfg.builtin and fidelity_images):

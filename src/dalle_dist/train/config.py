@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dalle_dist.config_base import DictConfig
 from dalle_dist.errors import ConfigError
@@ -34,6 +35,23 @@ class TrainConfig(DictConfig):
         for name in ("save_every_n_steps", "sample_every_n_steps", "log_every_n_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} must be >= 0 (0 turns it off)")
+
+
+@dataclass(frozen=True)
+class ResumeConfig:
+    """Where a run continues from, and how many checkpoints it keeps."""
+
+    source: str | None = None  # "auto" (newest beside the output) or a checkpoint path
+    flag: str = "--resume"  # the flag that named it (--dalle_path is DALLE-pytorch's)
+    keep_n_checkpoints: int | None = None
+    #: model flags given on the command line: they must agree with a resumed checkpoint
+    given_model: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.keep_n_checkpoints is not None and self.keep_n_checkpoints < 1:
+            raise ConfigError(f"--keep_n_checkpoints must be >= 1, got "
+                              f"{self.keep_n_checkpoints}", "leave it out to keep only the "
+                              "newest single file and every DeepSpeed tag")
 
 
 @dataclass(frozen=True)

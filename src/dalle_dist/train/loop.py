@@ -8,7 +8,7 @@ it; only the root logs and writes files.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -17,16 +17,27 @@ from torch import nn
 from dalle_dist.backends import DistributedBackend, Engine
 from dalle_dist.data import EpochLoader, WebDatasetLoader
 from dalle_dist.data.images import save_png
-from dalle_dist.train.checkpoint import checkpoint_meta
+from dalle_dist.errors import Stopped
+from dalle_dist.train.checkpoint import capture_rng, checkpoint_meta
 from dalle_dist.train.config import RunPaths, TrainConfig
+from dalle_dist.train.preemption import stop_on_signals, stop_requested, stop_signal_name
 from dalle_dist.train.run_log import RunLog
 from dalle_dist.train.task import Batch, Task
 
 
 @dataclass
 class LoopState:
+    """Where training is: with the RNG states, all a resumed run needs to continue exactly."""
+
     epoch: int = 0  # epochs completed
     step: int = 0  # optimizer steps taken (micro-batches under DeepSpeed's --ga_steps)
+    batch: int = 0  # batches done in the current epoch
+    loss_sum: float = 0.0  # their summed loss, for the plateau scheduler at epoch end
+
+    @classmethod
+    def from_checkpoint(cls, payload: dict) -> LoopState:
+        return cls(epoch=payload["epoch"], step=payload["step"],
+                   batch=payload.get("batch", 0), loss_sum=payload.get("loss_sum", 0.0))
 
 
 @dataclass
@@ -89,10 +100,13 @@ def write_samples(task: Task, engine: Engine, backend: DistributedBackend, batch
 
 
 def save_checkpoint(task: Task, engine: Engine, backend: DistributedBackend, paths: RunPaths,
-                    state: LoopState) -> None:
-    meta = checkpoint_meta(task.kind, task.configs(), state.epoch, state.step, backend.name,
-                           backend.world_size, **task.extra_state())
-    engine.save(paths.checkpoint, meta)
+                    state: LoopState, keep_n: int | None = None) -> None:
+    """Collective: every rank's RNG states go into the root's file."""
+    rng = backend.all_gather_object(capture_rng())
+    meta = checkpoint_meta(task.kind, task.configs(), asdict(state), rng, backend.name,
+                           backend.world_size, precision=backend.precision_name,
+                           **task.extra_state())
+    engine.save(paths.checkpoint, meta, keep_n)
     backend.barrier()
 
 
@@ -106,21 +120,44 @@ def check_replicas(engine: Engine, backend: DistributedBackend, log: RunLog) -> 
     return digests
 
 
+def loss_and_stop(loss: torch.Tensor, backend: DistributedBackend) -> tuple[float, bool]:
+    """The loss averaged over ranks and whether any rank was asked to stop, in one
+    all-reduce, so every rank stops at the same step."""
+    pair = torch.stack([loss.detach().float(),
+                        torch.tensor(float(stop_requested()), device=loss.device)])
+    loss_mean, stop = backend.average(pair).tolist()
+    return loss_mean, stop > 0
+
+
 def train(task: Task, engine: Engine, backend: DistributedBackend,
           data: EpochLoader | WebDatasetLoader,
           config: TrainConfig, paths: RunPaths, log: RunLog,
-          state: LoopState | None = None) -> LoopState:
-    state = state or LoopState()
+          state: LoopState | None = None, save_first: bool = True,
+          keep_n: int | None = None) -> LoopState:
+    """Train from `state` to the last epoch; raises Stopped after saving if signalled.
+
+    save_first: save before the first step, so a bad output path or config fails in
+    seconds (skipped when resuming from this run's own newest checkpoint).
+    SIGTERM and SIGINT are recorded while it runs (train/preemption.py); before, during
+    set-up, they end the process as usual: there is nothing to save yet.
+    """
+    with stop_on_signals():
+        return _train(task, engine, backend, data, config, paths, log,
+                      state or LoopState(), save_first, keep_n)
+
+
+def _train(task: Task, engine: Engine, backend: DistributedBackend,
+           data: EpochLoader | WebDatasetLoader, config: TrainConfig, paths: RunPaths,
+           log: RunLog, state: LoopState, save_first: bool, keep_n: int | None) -> LoopState:
     device = backend.device
     samples_per_step = data.batch_size * backend.world_size
-    # Save before the first step, so a bad output path or config fails in seconds.
-    save_checkpoint(task, engine, backend, paths, state)
+    if save_first:
+        save_checkpoint(task, engine, backend, paths, state, keep_n)
     log.start_progress(config.epochs * len(data), state.step, f"train {task.kind}")
     window = MetricWindow()
 
     for epoch in range(state.epoch, config.epochs):
-        epoch_loss, epoch_batches = 0.0, 0
-        for batch in data.epoch(epoch):
+        for batch in data.epoch(epoch, start=state.batch):
             outputs = engine.forward(*task.inputs(batch, device))
             engine.backward(outputs["loss"])
             grad_norm = engine.clip_grad_norm(config.clip_grad_norm)
@@ -129,8 +166,8 @@ def train(task: Task, engine: Engine, backend: DistributedBackend,
             state.step += 1
             task.after_step(state.step, engine)
 
-            loss = float(backend.average(outputs["loss"].detach()))  # the same on every rank
-            epoch_loss, epoch_batches = epoch_loss + loss, epoch_batches + 1
+            loss, stop = loss_and_stop(outputs["loss"], backend)  # the same on every rank
+            state.batch, state.loss_sum = state.batch + 1, state.loss_sum + loss
             window.add(step_scalars(outputs, loss, grad_norm), samples_per_step)
             log.progress(loss=loss)
 
@@ -141,12 +178,20 @@ def train(task: Task, engine: Engine, backend: DistributedBackend,
             if config.sample_every_n_steps and state.step % config.sample_every_n_steps == 0:
                 write_samples(task, engine, backend, batch,
                               paths.samples / f"step-{state.step:07d}.png")
-            if config.save_every_n_steps and state.step % config.save_every_n_steps == 0:
-                save_checkpoint(task, engine, backend, paths, state)
+            if stop:
+                save_checkpoint(task, engine, backend, paths, state, keep_n)
+                log.end_progress()
+                signal_name = stop_signal_name() or "another rank's signal"
+                raise Stopped(f"stopped by {signal_name} after step {state.step}: saved "
+                              f"{paths.checkpoint}; continue with the same command and "
+                              "--resume auto" if backend.is_root else "")
+            periodic = config.save_every_n_steps and state.step % config.save_every_n_steps == 0
+            if periodic and state.batch < len(data):  # the epoch-end save follows otherwise
+                save_checkpoint(task, engine, backend, paths, state, keep_n)
 
-        task.after_epoch(epoch, epoch_loss / max(epoch_batches, 1), engine)
-        state.epoch = epoch + 1
-        save_checkpoint(task, engine, backend, paths, state)
+        task.after_epoch(epoch, state.loss_sum / max(state.batch, 1), engine)
+        state.epoch, state.batch, state.loss_sum = epoch + 1, 0, 0.0
+        save_checkpoint(task, engine, backend, paths, state, keep_n)
 
     log.end_progress()
     check_replicas(engine, backend, log)

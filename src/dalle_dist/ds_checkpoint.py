@@ -1,0 +1,202 @@
+"""DeepSpeed checkpoint directories (`<name>-ds-cp/`): layout, completeness and safe reading.
+
+Layout (DALLE-pytorch's, DESIGN.md "Checkpoints"): DeepSpeed's own tag folders
+`global_stepN/`, the `latest` file naming the newest tag, and `auxiliary.pt` with our
+metadata and no weights. We also put a copy of the metadata inside each tag, because the
+top-level one may already describe a newer tag when a save is cut short; `latest` is
+written last, so a tag it names is complete.
+
+DeepSpeed reads its files with torch.load(weights_only=False). Before any of them is
+handed to it, every file of the tag is listed with torch's pickle scanner and refused if
+it names a global outside the few DeepSpeed data classes its checkpoints really hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dalle_dist.checkpoint_io import read_checkpoint_file, write_checkpoint_file
+from dalle_dist.errors import CheckpointError
+from dalle_dist.fileio import atomic_writer
+
+AUXILIARY_FILE = "auxiliary.pt"
+LATEST_FILE = "latest"
+TAG_PATTERN = re.compile(r"global_step(\d+)(?:_(\d+))?$")
+
+#: What DeepSpeed (0.19) pickles beside tensors: ZeRO stage enum, loss scalers, bf16
+#: fragment addresses. Found with torch.serialization.get_unsafe_globals_in_checkpoint on
+#: checkpoints of every ZeRO stage; nothing else is accepted.
+DEEPSPEED_GLOBALS = frozenset({
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+})
+
+
+def ds_checkpoint_dir(path: str | Path) -> Path:
+    """`dalle.pt` -> `dalle-ds-cp/` (DALLE-pytorch's name for the DeepSpeed directory)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}-ds-cp")
+
+
+def current_tag(directory: Path) -> str | None:
+    latest = directory / LATEST_FILE
+    return latest.read_text(encoding="utf-8").strip() if latest.is_file() else None
+
+
+def new_tag(directory: Path, step: int) -> str:
+    """`global_stepN` (DeepSpeed's name), or `global_stepN_1` ... when `latest` already
+    names that one (an epoch-end save right after a stop at the epoch's last step):
+    a published tag is never written over."""
+    tag, published, k = f"global_step{step}", current_tag(directory), 0
+    while tag == published:
+        k += 1
+        tag = f"global_step{step}_{k}"
+    return tag
+
+
+def tag_order(tag: str) -> tuple[int, int] | None:
+    match = TAG_PATTERN.match(tag)
+    return (int(match.group(1)), int(match.group(2) or 0)) if match else None
+
+
+def tag_step(tag: str) -> int | None:
+    order = tag_order(tag)
+    return order[0] if order else None
+
+
+def is_ds_checkpoint_dir(path: str | Path) -> bool:
+    path = Path(path)
+    return path.is_dir() and ((path / LATEST_FILE).is_file() or
+                              any(tag_step(p.name) is not None for p in path.iterdir()))
+
+
+def latest_tag(directory: Path, flag: str) -> str:
+    """The tag `latest` names; it is complete because `latest` is written after it."""
+    latest = directory / LATEST_FILE
+    if not latest.is_file():
+        raise CheckpointError(f"{flag} {directory} has no '{LATEST_FILE}' file: no save of it "
+                              "finished", "use an earlier checkpoint or train from scratch")
+    tag = latest.read_text(encoding="utf-8").strip()
+    if not (directory / tag).is_dir():
+        raise CheckpointError(f"{flag} {directory}: '{LATEST_FILE}' names {tag!r}, which is "
+                              "missing", "the directory is damaged; use another checkpoint")
+    return tag
+
+
+def read_ds_meta(directory: str | Path, flag: str) -> dict[str, Any]:
+    """Our metadata of the newest complete tag, with `ds_dir` and `ds_tag` added."""
+    directory = Path(directory)
+    tag = latest_tag(directory, flag)
+    aux = directory / tag / AUXILIARY_FILE
+    if not aux.is_file():
+        raise CheckpointError(f"{flag} {directory}/{tag} has no {AUXILIARY_FILE}: it was not "
+                              "written by dalle_dist", "give a directory saved by dalle-dist")
+    meta = read_checkpoint_file(aux, flag)
+    return {**meta, "ds_dir": str(directory), "ds_tag": tag}
+
+
+def check_ds_files_safe(tag_dir: Path, flag: str) -> None:
+    """Refuse, without unpickling, any file of the tag that names a foreign Python global."""
+    for file in sorted(tag_dir.glob("*.pt")):
+        try:
+            names = torch.serialization.get_unsafe_globals_in_checkpoint(file)
+        except Exception as exc:  # a truncated or foreign file raises anything
+            raise CheckpointError(f"{flag} {file} is not a readable checkpoint "
+                                  f"({type(exc).__name__})",
+                                  "the file is truncated or corrupt; use an earlier tag") from None
+        foreign = sorted(set(names) - DEEPSPEED_GLOBALS)
+        if foreign:
+            raise CheckpointError(
+                f"{flag} {file} carries pickled Python objects ({', '.join(foreign[:3])}), "
+                "refused unread (loading it could run arbitrary code)",
+                "use a checkpoint written by dalle-dist")
+
+
+def consolidated_weights(directory: str | Path, tag: str, flag: str) -> dict[str, torch.Tensor]:
+    """fp32 weights of any ZeRO stage gathered into one state dict (deepspeed.utils.zero_to_fp32).
+
+    Without optimizer partition files (fp32 without ZeRO) the whole module is in
+    mp_rank_00_model_states.pt.
+    """
+    directory = Path(directory)
+    check_ds_files_safe(directory / tag, flag)
+    if not any((directory / tag).glob("*optim_states.pt")):
+        with torch.serialization.safe_globals(_deepspeed_classes()):
+            states = torch.load(directory / tag / "mp_rank_00_model_states.pt",
+                                map_location="cpu", weights_only=True)
+        return {k: v.float() if v.is_floating_point() else v for k, v in states["module"].items()}
+    with quiet_output():  # DeepSpeed's import warnings and progress bars
+        try:
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        except Exception as exc:
+            raise CheckpointError(
+                f"{flag} {directory} holds ZeRO partitions and DeepSpeed does not import "
+                f"({type(exc).__name__})", "pip install 'dalle_dist[deepspeed]': its "
+                "zero_to_fp32 gathers them") from None
+        state = get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag)
+    return {k: v.contiguous() for k, v in state.items()}
+
+
+@contextlib.contextmanager
+def quiet_output() -> Iterator[None]:
+    """Silence file descriptors 1 and 2 (DeepSpeed's loggers hold their own handles to
+    them, so redirecting sys.stdout would not do), restoring them on the way out."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
+
+
+def _deepspeed_classes() -> list[Any]:
+    """The allowed DeepSpeed classes themselves, for torch.load's safe_globals."""
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+    except Exception:
+        return []
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
+
+
+def write_tag_meta(directory: Path, tag: str, meta: dict[str, Any]) -> None:
+    """Metadata inside the tag and at the top (DALLE-pytorch's auxiliary.pt)."""
+    write_checkpoint_file(directory / tag / AUXILIARY_FILE, meta)
+    write_checkpoint_file(directory / AUXILIARY_FILE, meta)
+
+
+def publish_tag(directory: Path, tag: str, keep_n: int | None) -> None:
+    """Make `tag` the newest: its files fsynced, `latest` replaced atomically, old tags pruned."""
+    for file in (directory / tag).iterdir():
+        if file.is_file():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+    with atomic_writer(directory / LATEST_FILE) as f:
+        f.write(tag.encode())
+    if keep_n:
+        tags = sorted((p for p in directory.iterdir() if p.is_dir() and tag_order(p.name)),
+                      key=lambda p: tag_order(p.name) or (0, 0), reverse=True)
+        for old in tags[keep_n:]:
+            if old.name != tag:
+                shutil.rmtree(old, ignore_errors=True)

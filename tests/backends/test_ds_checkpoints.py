@@ -1,0 +1,123 @@
+"""DeepSpeed checkpoint directories at ZeRO 1, 2 and 3 on 2 CPU ranks, with the real launcher.
+
+Each stage: a run stopped by SIGTERM (sent to the launcher's whole process group, as a
+scheduler does) saves its directory and exits; resumed under deepspeed it ends where an
+uninterrupted run ends (allclose: DeepSpeed's reductions are not bitwise reproducible
+across a restart). The stopped directory also samples with `generate` and resumes on the
+single backend directly (its weights consolidated with DeepSpeed's zero_to_fp32).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import launch
+from tests.conftest import TINY_DALLE_FLAGS, assert_user_error, run_cli
+from tests.train.test_resume import finish, spawn, wait_for_step
+
+STEPS_PER_EPOCH = 20
+FLAGS = [*TINY_DALLE_FLAGS, "--epochs", "2", "--batch_size", "16", "--shapes_count",
+         str(STEPS_PER_EPOCH * 16), "--fidelity_images", "0", "--save_every_n_steps", "6",
+         "--log_every_n_steps", "1", "--resume", "auto", "--deepspeed",
+         "--keep_n_checkpoints", "2"]
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def ds_cmd(*args: str) -> list[str]:
+    return [str(launch.BIN / "deepspeed"), "--num_gpus", "2", "--master_port",
+            str(launch.free_port()), "--module", "dalle_dist", *args]
+
+
+def assert_close_weights(got: Path, expected: Path) -> None:
+    a = torch.load(got, weights_only=True)
+    b = torch.load(expected, weights_only=True)
+    assert (a["step"], a["epoch"]) == (b["step"], b["epoch"]) == (2 * STEPS_PER_EPOCH, 2)
+    for name, tensor in b["weights"].items():
+        assert torch.allclose(a["weights"][name].float(), tensor.float(), rtol=RTOL,
+                              atol=ATOL), (name, (a["weights"][name] - tensor).abs().max())
+
+
+@pytest.mark.parametrize("stage", ["1", "2", "3"])
+def test_zero_directory_stops_resumes_and_serves_single(stage: str, tiny_vae: Path,
+                                                        tmp_path: Path) -> None:
+    args = ["train", "--vae_path", str(tiny_vae), *FLAGS, "--zero_stage", stage,
+            "--dalle_output_file_name", "dalle"]
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    status, out = finish(spawn(ds_cmd(*args), reference))
+    assert status == 0, out[-3000:]
+
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = spawn(ds_cmd(*args), run)
+    wait_for_step(proc, run / "dalle.metrics.jsonl", 8)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, out = finish(proc)
+    assert out.count("stopped by SIGTERM after step") == 1, out[-3000:]  # printed by rank 0
+    stopped_at = int(out.split("after step ")[1].split(":")[0])
+    directory = run / "dalle-ds-cp"
+    latest = (directory / "latest").read_text().strip()
+    assert latest == f"global_step{stopped_at}"
+    tags = sorted(p.name for p in directory.iterdir() if p.name.startswith("global_step"))
+    assert len(tags) <= 2, f"--keep_n_checkpoints 2 keeps two tags: {tags}"
+
+    # The single-file view of the stopped run, consolidated from the ZeRO partitions.
+    samples = run_cli("generate", "--dalle_path", str(directory), "--text", "a red circle",
+                      "--num_images", "2", "--batch_size", "2", "--seed", "0",
+                      "--outputs_dir", str(tmp_path / "outputs"))
+    assert samples.returncode == 0, samples.stderr
+    assert len(list((tmp_path / "outputs").rglob("*.png"))) == 3  # 2 images + the grid
+    single = run_cli("train", "--resume", str(directory), "--epochs", "2", "--batch_size",
+                     "16", "--shapes_count", str(STEPS_PER_EPOCH * 16), "--fidelity_images",
+                     "0", "--dalle_output_file_name", str(tmp_path / "single"))
+    assert single.returncode == 0, single.stderr
+    assert f"resuming {directory} at step {stopped_at}" in single.stdout
+    assert "the optimizer starts fresh" in single.stdout
+    resumed = torch.load(tmp_path / "single.pt", weights_only=True)
+    assert resumed["step"] == 2 * STEPS_PER_EPOCH and resumed["backend"] == "single"
+
+    # A save cut short after DeepSpeed wrote a newer tag, before `latest` moved: ignored.
+    broken = directory / f"global_step{stopped_at + 1}"
+    shutil.copytree(directory / latest, broken)
+    for file in broken.glob("*.pt"):
+        file.write_bytes(file.read_bytes()[:100])
+
+    status, out = finish(spawn(ds_cmd(*args), run))
+    assert status == 0, out[-3000:]
+    assert f"resuming dalle-ds-cp at step {stopped_at}" in out
+    assert_close_weights(run / "dalle.pt", reference / "dalle.pt")
+
+
+def test_a_pickled_payload_in_a_deepspeed_directory_never_runs(tmp_path: Path,
+                                                              tiny_dalle: Path) -> None:
+    """A directory laid out like ours whose DeepSpeed file carries a pickled callable."""
+    marker = tmp_path / "payload-ran"
+
+    class Payload:
+        def __reduce__(self) -> tuple:
+            return (os.system, (f"touch {marker}",))
+
+    directory = tmp_path / "evil-ds-cp"
+    tag = directory / "global_step4"
+    tag.mkdir(parents=True)
+    (directory / "latest").write_text("global_step4")
+    meta = torch.load(tiny_dalle, weights_only=True)
+    meta.pop("weights")
+    torch.save({**meta, "zero_stage": 2}, tag / "auxiliary.pt")
+    torch.save({"module": {}, "payload": Payload()}, tag / "mp_rank_00_model_states.pt")
+    torch.save({"optimizer_state_dict": Payload()},
+               tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+
+    for command in (["generate", "--dalle_path", str(directory), "--text", "a red circle",
+                     "--outputs_dir", str(tmp_path / "out")],
+                    ["train", "--resume", str(directory), "--fidelity_images", "0",
+                     "--dalle_output_file_name", str(tmp_path / "d")]):
+        result = run_cli(*command)
+        assert_user_error(result, "carries pickled Python objects", "posix.system")
+        assert not marker.exists(), "the payload ran"

@@ -1,0 +1,275 @@
+"""Exact resume, preemption and crash safety, with real processes and real signals.
+
+A run killed at any moment (kill -9, SIGTERM, in the middle of a save) and continued with
+`--resume auto` must end with exactly the parameters and optimizer state of a run that
+was never interrupted: bit for bit on one process and on torch DDP over gloo (CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from tests import launch
+from tests.conftest import TINY_DALLE_FLAGS, assert_user_error, run_cli
+
+STEPS_PER_EPOCH = 40
+BATCH = 8
+FLAGS = [*TINY_DALLE_FLAGS, "--epochs", "2", "--batch_size", str(BATCH),
+         "--shapes_count", str(STEPS_PER_EPOCH * BATCH), "--fidelity_images", "0",
+         "--save_every_n_steps", "5", "--log_every_n_steps", "1", "--resume", "auto",
+         # dropout: the restored RNG streams matter
+         "--attn_dropout", "0.1", "--ff_dropout", "0.1"]
+TOTAL = 2 * STEPS_PER_EPOCH
+
+
+def spawn(cmd: list[str], cwd: Path) -> subprocess.Popen[str]:
+    # The same thread count for every run: another one sums matmuls in another order.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dalle_dist", *args]
+
+
+def torchrun_cmd(*args: str, launcher_args: tuple[str, ...] = ()) -> list[str]:
+    return [str(launch.BIN / "torchrun"), "--nproc_per_node", "2", "--master_port",
+            str(launch.free_port()), *launcher_args, "-m", "dalle_dist", *args]
+
+
+def logged_step(metrics: Path) -> int:
+    if not metrics.exists():
+        return 0
+    lines = [line for line in metrics.read_text().splitlines() if line.strip()]
+    return max((json.loads(line)["step"] for line in lines), default=0)
+
+
+def wait_for_step(proc: subprocess.Popen[str], metrics: Path, step: int,
+                  timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while logged_step(metrics) < step:
+        assert proc.poll() is None, f"the run ended before step {step}: {proc.stdout.read()}"
+        assert time.monotonic() < deadline, "timed out waiting for training to progress"
+        time.sleep(0.005)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 240) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out
+
+
+def assert_same_training_state(got: Path, expected: Path) -> None:
+    """Bit for bit: every weight and every optimizer tensor."""
+    a = torch.load(got, weights_only=True)
+    b = torch.load(expected, weights_only=True)
+    assert b["epoch"] == 2, "the reference run is complete"
+    assert (a["step"], a["epoch"], a["batch"]) == (b["step"], b["epoch"], b["batch"])
+    for name, tensor in b["weights"].items():
+        assert torch.equal(a["weights"][name], tensor), name
+    for name, state in b["optimizer"]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(a["optimizer"]["state"][name][key], value), (name, key)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    status, out = finish(spawn(cli("train", "--vae_path", str(tiny_vae), *FLAGS,
+                                   "--dalle_output_file_name", "dalle"), folder))
+    assert status == 0, out
+    return folder / "dalle.pt"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_kill_9_at_a_random_step_then_resume_is_exact(seed: int, tiny_vae: Path,
+                                                       tmp_path: Path,
+                                                       uninterrupted: Path) -> None:
+    kill_at = random.Random(seed).randrange(3, TOTAL - 20)
+    cmd = cli("train", "--vae_path", str(tiny_vae), *FLAGS, "--dalle_output_file_name", "dalle")
+    proc = spawn(cmd, tmp_path)
+    wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", kill_at)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = logged_step(tmp_path / "dalle.metrics.jsonl")
+    assert killed_at < TOTAL
+    saved = torch.load(tmp_path / "dalle.pt", weights_only=True)["step"]
+    assert saved <= killed_at
+
+    status, out = finish(spawn(cmd, tmp_path))
+    assert status == 0, out
+    assert f"resuming dalle.pt at step {saved}" in out
+    assert_same_training_state(tmp_path / "dalle.pt", uninterrupted)
+
+
+def test_sigterm_saves_exits_0_and_resumes_exactly(tiny_vae: Path, tmp_path: Path,
+                                                   uninterrupted: Path) -> None:
+    cmd = cli("train", "--vae_path", str(tiny_vae), *FLAGS, "--dalle_output_file_name", "dalle")
+    proc = spawn(cmd, tmp_path)
+    wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 12)
+    proc.send_signal(signal.SIGTERM)
+    status, out = finish(proc)
+    assert status == 0, out
+    assert "stopped by SIGTERM after step" in out
+    stopped_at = int(out.split("stopped by SIGTERM after step ")[1].split(":")[0])
+    assert 12 <= stopped_at < TOTAL
+    assert torch.load(tmp_path / "dalle.pt", weights_only=True)["step"] == stopped_at
+
+    status, out = finish(spawn(cmd, tmp_path))
+    assert status == 0, out
+    assert_same_training_state(tmp_path / "dalle.pt", uninterrupted)
+
+
+def test_sigint_is_a_polite_stop_too(tiny_vae: Path, tmp_path: Path) -> None:
+    cmd = cli("train", "--vae_path", str(tiny_vae), *FLAGS, "--dalle_output_file_name", "dalle")
+    proc = spawn(cmd, tmp_path)
+    wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 3)
+    proc.send_signal(signal.SIGINT)
+    status, out = finish(proc)
+    assert status == 0 and "stopped by SIGINT" in out, out
+    assert "Traceback" not in out
+
+
+def test_kill_9_in_the_middle_of_a_save_keeps_the_previous_checkpoint(
+        tiny_vae: Path, tmp_path: Path) -> None:
+    """A checkpoint big enough that a save takes a while; the kill lands while the
+    temporary file is being written: the previous checkpoint stays whole and resumes."""
+    big = ["--dim", "512", "--depth", "4", "--heads", "4", "--dim_head", "64",
+           "--text_seq_len", "40", "--epochs", "1", "--batch_size", "4", "--shapes_count", "64",
+           "--fidelity_images", "0", "--save_every_n_steps", "1", "--log_every_n_steps", "1",
+           "--resume", "auto"]
+    cmd = cli("train", "--vae_path", str(tiny_vae), *big, "--dalle_output_file_name", "dalle")
+    proc = spawn(cmd, tmp_path)
+    deadline = time.monotonic() + 180
+    while True:
+        partial = [p for p in tmp_path.glob(".dalle.pt.*.tmp") if p.stat().st_size > 0]
+        if partial and logged_step(tmp_path / "dalle.metrics.jsonl") >= 2:
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        assert proc.poll() is None and time.monotonic() < deadline, "no save was caught"
+        time.sleep(0.001)
+    proc.wait()
+    assert list(tmp_path.glob(".dalle.pt.*.tmp")), "killed while the new file was written"
+    before = torch.load(tmp_path / "dalle.pt", weights_only=True)
+    assert before["step"] >= 1
+
+    status, out = finish(spawn(cmd, tmp_path))
+    assert status == 0, out
+    assert f"resuming dalle.pt at step {before['step']}" in out
+    assert "removing an unfinished save" in out
+    assert not list(tmp_path.glob(".dalle.pt.*.tmp"))
+    assert torch.load(tmp_path / "dalle.pt", weights_only=True)["step"] == 64 // 4
+
+
+def test_keep_n_checkpoints_keeps_the_newest(tiny_vae: Path, tmp_path: Path) -> None:
+    result = run_cli("train", "--vae_path", str(tiny_vae), *FLAGS, "--keep_n_checkpoints", "3",
+                     "--dalle_output_file_name", str(tmp_path / "dalle"))
+    assert result.returncode == 0, result.stderr
+    kept = sorted(p.name for p in (tmp_path / "dalle-checkpoints").iterdir())
+    assert kept == [f"step-{s:07d}.pt" for s in (TOTAL - 10, TOTAL - 5, TOTAL)]
+    newest = torch.load(tmp_path / "dalle-checkpoints" / kept[-1], weights_only=True)
+    assert newest["step"] == TOTAL
+    older = torch.load(tmp_path / "dalle-checkpoints" / kept[0], weights_only=True)
+    assert older["step"] == TOTAL - 10 and older["epoch"] == 1
+    assert older["batch"] == STEPS_PER_EPOCH - 10
+
+
+def test_flags_that_contradict_the_checkpoint_are_named(tiny_dalle: Path) -> None:
+    result = run_cli("train", "--dalle_path", str(tiny_dalle), "--dim", "64", "--depth", "2",
+                     "--heads", "3", "--epochs", "2", "--fidelity_images", "0")
+    assert_user_error(result, "dim 64 (checkpoint: 32)", "heads 3 (checkpoint: 2)")
+    assert "depth" not in result.stderr  # agrees with the checkpoint
+
+
+def test_resume_auto_without_a_checkpoint_starts_fresh(tiny_vae: Path, tmp_path: Path) -> None:
+    result = run_cli("train", "--vae_path", str(tiny_vae), *TINY_DALLE_FLAGS, "--epochs", "1",
+                     "--batch_size", "16", "--shapes_count", "32", "--fidelity_images", "0",
+                     "--resume", "auto", "--dalle_output_file_name", str(tmp_path / "d"))
+    assert result.returncode == 0, result.stderr
+    assert "no checkpoint of" in result.stdout and "starting fresh" in result.stdout
+
+
+# -- under launchers --------------------------------------------------------------------
+
+def worker_pids(launcher: subprocess.Popen[str]) -> list[int]:
+    """The training processes under a launcher (python -m dalle_dist children)."""
+    children = psutil.Process(launcher.pid).children(recursive=True)
+    return [c.pid for c in children if "dalle_dist" in " ".join(c.cmdline())
+            and c.pid != launcher.pid and "torchrun" not in " ".join(c.cmdline()[:2])]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_ddp(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("ddp")
+    result = launch.torchrun("train", "--vae_path", str(tiny_vae), *FLAGS,
+                             "--distributed_backend", "torch", "--batch_size", str(2 * BATCH),
+                             "--dalle_output_file_name", "dalle", cwd=folder)
+    assert result.returncode == 0, launch.output(result)[-3000:]
+    return folder / "dalle.pt"
+
+
+DDP_FLAGS = [*FLAGS, "--distributed_backend", "torch", "--batch_size", str(2 * BATCH)]
+
+
+def test_sigterm_under_torchrun_saves_and_resumes_exactly(tiny_vae: Path, tmp_path: Path,
+                                                          uninterrupted_ddp: Path) -> None:
+    args = ("train", "--vae_path", str(tiny_vae), *DDP_FLAGS, "--dalle_output_file_name",
+            "dalle")
+    proc = spawn(torchrun_cmd(*args), tmp_path)
+    wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 10)
+    proc.send_signal(signal.SIGTERM)  # to torchrun, which passes it on to its workers
+    _, out = finish(proc)
+    assert "stopped by SIGTERM after step" in out, out[-3000:]
+    stopped_at = int(out.split("after step ")[1].split(":")[0])
+    assert torch.load(tmp_path / "dalle.pt", weights_only=True)["step"] == stopped_at
+
+    status, out = finish(spawn(torchrun_cmd(*args), tmp_path))
+    assert status == 0, out[-3000:]
+    assert_same_training_state(tmp_path / "dalle.pt", uninterrupted_ddp)
+
+
+def test_sigterm_to_the_workers_ends_torchrun_with_status_0(tiny_vae: Path,
+                                                           tmp_path: Path) -> None:
+    """What a cluster scheduler does: every training process gets SIGTERM."""
+    args = ("train", "--vae_path", str(tiny_vae), *DDP_FLAGS, "--dalle_output_file_name",
+            "dalle")
+    proc = spawn(torchrun_cmd(*args), tmp_path)
+    wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 5)
+    workers = worker_pids(proc)
+    assert len(workers) == 2, workers
+    for pid in workers:
+        os.kill(pid, signal.SIGTERM)
+    status, out = finish(proc)
+    assert status == 0, out[-3000:]
+    assert "stopped by SIGTERM" in out
+
+
+def test_torchrun_restarts_after_a_rank_is_killed_and_matches(tiny_vae: Path, tmp_path: Path,
+                                                             uninterrupted_ddp: Path) -> None:
+    args = ("train", "--vae_path", str(tiny_vae), *DDP_FLAGS, "--dalle_output_file_name",
+            "dalle")
+    proc = spawn(torchrun_cmd(*args, launcher_args=("--max-restarts", "2")), tmp_path)
+    wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 17)
+    workers = worker_pids(proc)
+    assert len(workers) == 2, workers
+    os.kill(workers[1], signal.SIGKILL)
+    status, out = finish(proc)
+    assert status == 0, out[-3000:]
+    assert "resuming dalle.pt at step" in out, "the restarted group resumed"
+    assert_same_training_state(tmp_path / "dalle.pt", uninterrupted_ddp)
