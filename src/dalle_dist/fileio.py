@@ -20,21 +20,20 @@ def _default_file_mode() -> int:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
-    """Yield a binary file that replaces `path` only once it is complete and on disk.
-
-    The data goes to a temporary file in the same directory, is fsynced, then renamed over
-    `path` (atomic on POSIX); the directory is fsynced so the rename survives a crash too.
-    Missing parent directories are created here, at the first write, not before.
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; once the block has written it, it is fsynced
+    and renamed over `path` (atomic on POSIX), and the directory fsynced so the rename
+    survives a crash too. On failure the temporary file is removed. Missing parent
+    directories are created here, at the first write, not before.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, _default_file_mode())
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
+        os.close(fd)
+        yield Path(tmp)
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -46,6 +45,13 @@ def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
+    """A binary file that replaces `path` only once it is complete and on disk."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        yield f
 
 
 def ensure_writable_dir(directory: str | Path, flag: str) -> Path:

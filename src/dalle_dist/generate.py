@@ -48,7 +48,16 @@ class Sampler:
 
 
 def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_path") -> Sampler:
-    payload = load_checkpoint(str(path), flag, "dalle")
+    """From a checkpoint file, a DeepSpeed directory, or a safetensors export."""
+    if Path(path).suffix in (".json", ".safetensors"):
+        from dalle_dist.checkpoint_export import load_exported
+
+        payload = load_exported(path, flag)
+        if payload["kind"] != "dalle":
+            raise ConfigError(f"{flag} {path} is an export of a VAE, not of a DALL-E",
+                              "export the DALL-E checkpoint")
+    else:
+        payload = load_checkpoint(str(path), flag, "dalle")
     config, vae, tokenizer = dalle_parts(payload)
     model = DALLE(config)
     model.load_state_dict(payload["weights"])

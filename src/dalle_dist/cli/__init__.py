@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from dalle_dist import __version__
+from dalle_dist.cli.checkpoint_cmd import add_checkpoint
 from dalle_dist.cli.generate_cmd import add_generate
-from dalle_dist.cli.parser import ArgumentParser
+from dalle_dist.cli.parser import ArgumentParser, given_dests, subcommand_parser
 from dalle_dist.cli.train_cmds import add_train, add_train_vae
-from dalle_dist.errors import DalleDistError
+from dalle_dist.errors import DalleDistError, Stopped
 
 
 def build_parser() -> ArgumentParser:
@@ -31,16 +32,25 @@ def build_parser() -> ArgumentParser:
     add_train_vae(sub)
     add_train(sub)
     add_generate(sub)
+    add_checkpoint(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sub = subcommand_parser(parser, args.command)
+    args.given = given_dests(sub, argv) if sub is not None else set()
     try:
         status = args.run(args)
     except DalleDistError as exc:
         print(f"error: {exc}", file=sys.stderr)
         status = 2
+    except Stopped as exc:
+        if str(exc):  # the root rank's message; the others stay quiet
+            print(str(exc), flush=True)
+        status = 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         status = 130

@@ -1,0 +1,305 @@
+"""`dalle-dist checkpoint`: inspect, convert and verify checkpoints of either kind.
+
+- inspect: metadata, configs, sizes and parameter counts without reading any weight (a
+  single file is memory-mapped and only tensor shapes and dtypes are looked at; a DeepSpeed
+  directory is described from its auxiliary.pt and file sizes; parameter counts come from
+  the model rebuilt on the `meta` device).
+- convert: a DeepSpeed directory of any ZeRO stage -> one single-file checkpoint (fp32).
+- verify: every weight's name and shape against the model its config describes, and
+  every value finite.
+- export: see checkpoint_export.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dalle_dist.checkpoint_io import read_checkpoint_file, write_checkpoint_file
+from dalle_dist.ds_checkpoint import (
+    AUXILIARY_FILE,
+    consolidated_weights,
+    is_ds_checkpoint_dir,
+    latest_tag,
+    read_ds_meta,
+    tag_order,
+)
+from dalle_dist.errors import CheckpointError, ConfigError, OutputError
+from dalle_dist.fileio import ensure_writable_file
+from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
+from dalle_dist.train.checkpoint import read_any_checkpoint
+
+#: How many names an error lists before "(+N more)": the message stays one line.
+LISTED = 4
+
+
+# -- shared helpers ---------------------------------------------------------------------
+
+
+def weight_parts(payload: dict[str, Any], flag: str, path: Path
+                 ) -> list[tuple[str, dict[str, Any], Any]]:
+    """(model name, its config dict, its weights or None) for every model a payload holds:
+    a VAE checkpoint holds one, a DALL-E checkpoint its transformer and its VAE."""
+    configs = payload.get("configs") or {}
+    kind = payload.get("kind")
+    if kind == "vae":
+        keys = [("vae", "model", "weights")]
+    elif kind == "dalle":
+        keys = [("dalle", "model", "weights"), ("vae", "vae", "vae_weights")]
+    else:
+        raise CheckpointError(f"{flag} {path} has unknown checkpoint kind {kind!r}",
+                              "give a checkpoint written by dalle-dist")
+    parts = []
+    for name, config_key, weights_key in keys:
+        if not isinstance(configs.get(config_key), dict):
+            raise CheckpointError(f"{flag} {path} has no {config_key!r} config",
+                                  "the file is damaged or was not written by dalle-dist")
+        parts.append((name, configs[config_key], payload.get(weights_key)))
+    return parts
+
+
+def meta_model(name: str, config: dict[str, Any], flag: str, path: Path) -> nn.Module:
+    """The model a config describes, built on the `meta` device: shapes, no memory."""
+    try:
+        with torch.device("meta"):
+            if name == "dalle":
+                return DALLE(DALLEConfig.from_dict(config))
+            return DiscreteVAE(VAEConfig.from_dict(config))
+    except (TypeError, ValueError, ConfigError) as exc:
+        raise CheckpointError(f"{flag} {path} has a {name} config that does not build a "
+                              f"model ({str(exc).splitlines()[0]})",
+                              "the file is damaged or from another version") from None
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def tensor_summary(state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Counts from shapes and dtypes only (nothing of a memory-mapped tensor is paged in)."""
+    state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    dtypes: dict[str, int] = {}
+    for tensor in state.values():
+        name = str(tensor.dtype).removeprefix("torch.")
+        dtypes[name] = dtypes.get(name, 0) + tensor.numel()
+    return {"tensors": len(state), "elements": sum(t.numel() for t in state.values()),
+            "bytes": sum(t.numel() * t.element_size() for t in state.values()),
+            "dtypes": dtypes}
+
+
+def tree_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(names[:LISTED])
+    return shown + (f" (+{len(names) - LISTED} more)" if len(names) > LISTED else "")
+
+
+def check_output(path: Path, flag: str, force: bool) -> None:
+    """Refuse to replace an existing file without --force, or to write where we cannot."""
+    if path.exists() and not path.is_dir() and not force:
+        raise OutputError(f"{flag} {path} already exists",
+                          "pass --force to replace it, or choose another name")
+    ensure_writable_file(path, flag)
+
+
+# -- inspect ----------------------------------------------------------------------------
+
+
+def inspect_checkpoint(path: str | Path, flag: str = "PATH") -> dict[str, Any]:
+    """What a checkpoint holds, as one JSON-ready dict (README "Checkpoint tools" lists
+    the keys). Reads metadata only: weights are never loaded."""
+    path = Path(path)
+    is_ds = is_ds_checkpoint_dir(path)
+    if is_ds:
+        tag = latest_tag(path, flag)
+        aux = path / tag / AUXILIARY_FILE
+        # read_ds_meta raises the one-line error for a tag without our metadata.
+        meta = (read_checkpoint_file(aux, flag, mmap=True) if aux.is_file()
+                else read_ds_meta(path, flag))
+        tags = sorted((p.name for p in path.iterdir() if p.is_dir() and tag_order(p.name)),
+                      key=lambda name: tag_order(name) or (0, 0))
+        tag_sizes = {name: tree_size(path / name) for name in tags}
+        optimizer = True  # DeepSpeed keeps it in the tag (optim_states or model_states)
+    else:
+        meta = read_checkpoint_file(path, flag, mmap=True)
+        tag, tags, tag_sizes = None, [], {}
+        optimizer = meta.get("optimizer") is not None
+    parameters, weights = {}, {}
+    for name, config, state in weight_parts(meta, flag, path):
+        parameters[name] = parameter_count(meta_model(name, config, flag, path))
+        # A DeepSpeed directory's module weights stay in DeepSpeed's files, unread.
+        weights[name] = tensor_summary(state) if isinstance(state, dict) else None
+    configs = meta["configs"]
+    return {
+        "path": str(path),
+        "format": "deepspeed" if is_ds else "file",
+        "zero_stage": meta.get("zero_stage"),
+        "tag": tag,
+        "tags": tags,
+        "kind": meta["kind"],
+        "step": meta.get("step"),
+        "epoch": meta.get("epoch"),
+        "batch": meta.get("batch"),
+        "backend": meta.get("backend"),
+        "world_size": meta.get("world_size"),
+        "package_version": meta.get("package_version"),
+        "format_version": meta.get("format_version"),
+        "configs": {"model": configs.get("model"), "vae": configs.get("vae")},
+        "parameters": parameters,
+        "weights": weights,
+        "optimizer": optimizer,
+        "scheduler": meta.get("scheduler") is not None,
+        "converted_from": meta.get("converted_from"),
+        "size_bytes": tree_size(path),
+        "tag_sizes": tag_sizes,
+    }
+
+
+def _config_line(config: dict[str, Any] | None) -> str:
+    if not config:
+        return "-"
+    return ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
+                     for k, v in config.items())
+
+
+def _weights_line(summary: dict[str, Any] | None) -> str:
+    if summary is None:
+        return "in DeepSpeed's files (fp32 once converted)"
+    dtypes = ", ".join(f"{name} {count:,}" for name, count in summary["dtypes"].items())
+    return f"{summary['tensors']} tensors, {summary['elements']:,} values ({dtypes or '-'})"
+
+
+def describe(info: dict[str, Any]) -> list[str]:
+    """inspect_checkpoint's dict as aligned `label  value` lines for a person."""
+    if info["format"] == "deepspeed":
+        layout = (f"DeepSpeed directory, ZeRO-{info['zero_stage']}, tag {info['tag']} "
+                  f"(tags: {', '.join(info['tags'])})")
+    else:
+        layout = "single file"
+        if info["zero_stage"] is not None:
+            layout += f" (from a DeepSpeed ZeRO-{info['zero_stage']} run)"
+    source = info["converted_from"]
+    rows = [
+        ("path", info["path"]),
+        ("format", layout),
+        ("kind", info["kind"]),
+        ("step", f"{info['step']} (epoch {info['epoch']}, batch {info['batch']})"),
+        ("backend", f"{info['backend']}, world size {info['world_size']}"),
+        ("written by", f"dalle_dist {info['package_version']}, checkpoint format "
+                       f"{info['format_version']}"),
+        *([("converted from", f"{source['ds_dir']} tag {source['tag']}")] if source else []),
+        ("model config", _config_line(info["configs"]["model"])),
+        *([("vae config", _config_line(info["configs"]["vae"]))]
+          if info["configs"]["vae"] else []),
+        *((f"{name} parameters", f"{count:,}") for name, count in info["parameters"].items()),
+        *((f"{name} weights", _weights_line(summary))
+          for name, summary in info["weights"].items()),
+        ("optimizer state", "yes" if info["optimizer"] else "no"),
+        ("size", f"{info['size_bytes']:,} bytes"),
+        *((f"  {tag}", f"{size:,} bytes") for tag, size in info["tag_sizes"].items()),
+    ]
+    width = max(len(label) for label, _ in rows)
+    return [f"{label:<{width}}  {value}" for label, value in rows]
+
+
+# -- convert ----------------------------------------------------------------------------
+
+
+def _not_a_ds_dir(path: Path) -> CheckpointError:
+    """The one-line error for a DS_DIR that is something else, saying what it is."""
+    fix = "give the NAME-ds-cp/ folder a --deepspeed run wrote"
+    if not path.exists():
+        return CheckpointError(f"DS_DIR {path} does not exist", "check the path")
+    if path.is_dir():
+        return CheckpointError(f"DS_DIR {path} is a folder with no 'latest' file and no "
+                               "global_stepN tag, not a DeepSpeed checkpoint directory", fix)
+    try:
+        kind = read_checkpoint_file(path, "DS_DIR", mmap=True)["kind"]
+    except CheckpointError:
+        return CheckpointError(f"DS_DIR {path} is a file, not a DeepSpeed checkpoint "
+                               "directory", fix)
+    return CheckpointError(f"DS_DIR {path} is already a single-file {kind} checkpoint, not a "
+                           "DeepSpeed directory", "nothing to convert: use it as it is")
+
+
+def convert_checkpoint(ds_dir: str | Path, out: str | Path, force: bool = False
+                       ) -> dict[str, Any]:
+    """Consolidate the newest tag of a DeepSpeed directory (any ZeRO stage) into one
+    single-file checkpoint at `out` (fp32 weights, no optimizer state); returns what
+    was written."""
+    ds_dir, out = Path(ds_dir), Path(out)
+    if not is_ds_checkpoint_dir(ds_dir):
+        raise _not_a_ds_dir(ds_dir)
+    check_output(out, "OUT", force)
+    # keep_ds_dir: the metadata names the tag it describes; its weights come from that tag.
+    meta = read_any_checkpoint(ds_dir, "DS_DIR", keep_ds_dir=True)
+    tag = meta["ds_tag"]
+    weights = consolidated_weights(ds_dir, tag, "DS_DIR")
+    rest = {k: v for k, v in meta.items() if k not in ("ds_dir", "ds_tag")}
+    payload = {**rest, "weights": weights, "optimizer": None,
+               "converted_from": {"ds_dir": str(ds_dir), "tag": tag,
+                                  "zero_stage": meta.get("zero_stage")}}
+    write_checkpoint_file(out, payload)
+    return {"out": str(out), "tag": tag, "step": meta.get("step"),
+            "zero_stage": meta.get("zero_stage"), "kind": meta["kind"],
+            "parameters": sum(t.numel() for t in weights.values()),
+            "tensors": len(weights), "size_bytes": out.stat().st_size}
+
+
+# -- verify -----------------------------------------------------------------------------
+
+
+def check_weights(name: str, weights: Any, model: nn.Module, flag: str, path: Path) -> int:
+    """Names and shapes equal to the model's state_dict, every value finite; returns the
+    number of values. Raises a one-line CheckpointError naming what differs."""
+    if not isinstance(weights, dict):
+        raise CheckpointError(f"{flag} {path} has no {name} weights",
+                              "the file is damaged; use another checkpoint")
+    expected = model.state_dict()
+    not_tensors = [k for k, v in weights.items() if not isinstance(v, torch.Tensor)]
+    weights = {k: v for k, v in weights.items() if k not in not_tensors}
+    missing = [k for k in expected if k not in weights]
+    unexpected = [k for k in weights if k not in expected]
+    wrong = [f"{k} {list(weights[k].shape)} (config gives {list(v.shape)})"
+             for k, v in expected.items()
+             if k in weights and tuple(weights[k].shape) != tuple(v.shape)]
+    problems = [f"{label} {_listed(names)}" for label, names in
+                (("not a tensor", not_tensors), ("missing", missing),
+                 ("unexpected", unexpected), ("wrong shape", wrong))
+                if names]
+    if problems:
+        raise CheckpointError(f"{flag} {path}: {name} weights do not match its config: "
+                              + "; ".join(problems),
+                              "the file was altered or belongs to another model; "
+                              "use another checkpoint")
+    for key, tensor in weights.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{flag} {path}: {name} weight {key} holds NaN or inf",
+                                  "training diverged or the file is damaged; use an "
+                                  "earlier checkpoint")
+    return sum(t.numel() for t in weights.values())
+
+
+def verify_payload(payload: dict[str, Any], flag: str, path: Path) -> dict[str, int]:
+    """check_weights for every model of the payload; values per model."""
+    return {name: check_weights(name, weights, meta_model(name, config, flag, path), flag,
+                                path)
+            for name, config, weights in weight_parts(payload, flag, path)}
+
+
+def verify_checkpoint(path: str | Path, flag: str = "PATH") -> str:
+    """Load a checkpoint of either kind and check it against its configs; the `ok: ...`
+    summary, or a one-line CheckpointError."""
+    path = Path(path)
+    payload = read_any_checkpoint(path, flag)
+    counts = verify_payload(payload, flag, path)
+    models = " + ".join(f"{name} {count:,}" for name, count in counts.items())
+    return (f"ok: {payload['kind']} checkpoint {path}, step {payload.get('step')}: "
+            f"{models} values; names and shapes match the configs, all finite")
