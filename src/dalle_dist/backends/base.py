@@ -35,6 +35,23 @@ def parameter_digest(state: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()[:16]
 
 
+def by_index(named: dict[str, Any], module: nn.Module, optimizer: torch.optim.Optimizer
+             ) -> dict[str, Any]:
+    """An optimizer state keyed by parameter name (torch.distributed.checkpoint's form)
+    in the index-keyed form `optimizer.load_state_dict` takes."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    index = {names[id(p)]: i for i, p in
+             enumerate(p for group in optimizer.param_groups for p in group["params"])}
+    missing = [n for group in named["param_groups"] for n in group["params"] if n not in index]
+    if missing:
+        raise ConfigError(f"the checkpoint's optimizer state names parameters this model "
+                          f"lacks ({', '.join(missing[:3])})",
+                          "resume with the model the checkpoint was trained with")
+    return {"state": {index[n]: v for n, v in named["state"].items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
+                             for g in named["param_groups"]]}
+
+
 class Engine:
     """A model with its optimizer and scheduler, driven through one interface.
 
@@ -142,16 +159,15 @@ class Engine:
         return None
 
     def _load_optimizer(self, optimizer: dict[str, Any]) -> None:
-        if all(isinstance(k, int) for k in optimizer.get("state", {})):
-            self.optimizer.load_state_dict(optimizer)  # keyed by index (format of 0.1.0)
-            return
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_optimizer_state_dict,
-        )
+        """Name-keyed state back into the optimizer's own index-keyed form.
 
-        set_optimizer_state_dict(self.module, self.optimizer, optimizer,
-                                 options=StateDictOptions(full_state_dict=True))
+        Not torch's set_optimizer_state_dict: on a fresh optimizer it first takes a
+        zero-gradient step and calls zero_grad(set_to_none=True), which Horovod's
+        DistributedOptimizer does not accept.
+        """
+        if not all(isinstance(k, int) for k in optimizer.get("state", {})):
+            optimizer = by_index(optimizer, self.module, self.optimizer)
+        self.optimizer.load_state_dict(optimizer)
 
 
 class DistributedBackend(ABC):

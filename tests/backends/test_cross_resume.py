@@ -1,0 +1,71 @@
+"""A single-file checkpoint written by one backend resumes on another, optimizer included.
+
+Every backend saves the optimizer state keyed by parameter name, so Adam's moments move
+between a plain module, DDP, FSDP's sharded DTensors and Horovod. One epoch on backend A,
+then the second epoch on backend B, must end where two epochs on one process end
+(allclose: the world size changes, so float sums run in another order; no dropout, so
+the reseeded RNG streams play no part).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import launch
+from tests.conftest import TINY_DALLE_FLAGS, run_cli
+
+BATCH = 16
+STEPS_PER_EPOCH = 4
+COMMON = [*TINY_DALLE_FLAGS, "--shapes_count", str(BATCH * STEPS_PER_EPOCH),
+          "--fidelity_images", "0", "--learning_rate", "3e-3", "--save_every_n_steps", "0"]
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def run_on(backend: str, *args: str, cwd: Path) -> str:
+    """`train` on one backend (2 CPU ranks unless single); returns its output."""
+    if backend == "single":
+        result = run_cli("train", *args, "--batch_size", str(BATCH), cwd=cwd)
+    elif backend == "horovod":
+        result = launch.horovodrun("train", *args, "--distributed_backend", "horovod",
+                                   "--batch_size", str(BATCH // 2), cwd=cwd)
+    else:
+        result = launch.torchrun("train", *args, "--distributed_backend", backend,
+                                 "--batch_size", str(BATCH), cwd=cwd)
+    text = launch.output(result)
+    assert result.returncode == 0, text[-3000:]
+    return text
+
+
+@pytest.fixture(scope="module")
+def two_epochs_single(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("reference")
+    run_on("single", "--vae_path", str(tiny_vae), *COMMON, "--epochs", "2",
+           "--dalle_output_file_name", "dalle", cwd=folder)
+    return folder / "dalle.pt"
+
+
+@pytest.mark.parametrize(("first", "second"), [("single", "fsdp"), ("fsdp", "single"),
+                                               ("torch", "horovod")])
+def test_first_epoch_on_one_backend_second_on_another(first: str, second: str,
+                                                      tiny_vae: Path, tmp_path: Path,
+                                                      two_epochs_single: Path) -> None:
+    run_on(first, "--vae_path", str(tiny_vae), *COMMON, "--epochs", "1",
+           "--dalle_output_file_name", "first", cwd=tmp_path)
+    saved = torch.load(tmp_path / "first.pt", weights_only=True)
+    assert saved["backend"] == first and saved["optimizer"]["state"]
+    assert all(isinstance(name, str) for name in saved["optimizer"]["state"]), \
+        "optimizer state keyed by parameter name"
+
+    text = run_on(second, "--resume", "first.pt", *COMMON, "--epochs", "2",
+                  "--dalle_output_file_name", "second", cwd=tmp_path)
+    assert f"resuming first.pt at step {STEPS_PER_EPOCH}" in text
+    assert "optimizer starts fresh" not in text
+    got = torch.load(tmp_path / "second.pt", weights_only=True)
+    expected = torch.load(two_epochs_single, weights_only=True)
+    assert got["step"] == expected["step"] == 2 * STEPS_PER_EPOCH
+    for name, tensor in expected["weights"].items():
+        assert torch.allclose(got["weights"][name], tensor, rtol=RTOL, atol=ATOL), (
+            name, (got["weights"][name] - tensor).abs().max().item())
