@@ -173,8 +173,9 @@ class Engine:
 class DistributedBackend(ABC):
     """How processes are started, talk to each other, and wrap the model.
 
-    A backend is an object passed around (never module state). Its class can be asked
-    whether it is usable and which flags it adds without importing its engine.
+    A backend is an object passed around (never module state). Its class says which flags
+    it adds without importing its engine; whether it can run here is
+    environment.backend_verdict's answer, shared with `dalle-dist check`.
     """
 
     name: ClassVar[str]
@@ -195,11 +196,6 @@ class DistributedBackend(ABC):
         self.local_world_size = 1
 
     # -- without an engine -------------------------------------------------------------
-
-    @classmethod
-    def is_available(cls) -> tuple[bool, str]:
-        """(usable here, why not), without raising and without side effects."""
-        return True, ""
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

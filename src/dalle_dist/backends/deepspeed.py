@@ -178,13 +178,6 @@ class DeepSpeedBackend(TorchDistributedBackend):
     launch_hint = "deepspeed --num_gpus N --module dalle_dist train --deepspeed"
     stage: ClassVar[int]
 
-    @classmethod
-    def is_available(cls) -> tuple[bool, str]:
-        try:
-            import deepspeed  # noqa: F401
-        except Exception as exc:  # a broken install raises anything, not only ImportError
-            return False, f"DeepSpeed is not importable ({type(exc).__name__}: {exc})"
-        return True, ""
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -264,8 +257,6 @@ class DeepSpeedBackend(TorchDistributedBackend):
         return config
 
     def check_config(self, batch_size: int) -> None:
-        if self.precision_name == "fp16" and self.device.type == "cpu":
-            raise ConfigError("DeepSpeed cannot train fp16 on CPU", "use --precision bf16")
         super().check_config(batch_size)
         self.config = self.build_config(batch_size, getattr(self.args, "clip_grad_norm", None))
 

@@ -54,15 +54,6 @@ class HorovodBackend(DistributedBackend):
                    "(Horovod 0.28.1 needs scripts/build_horovod.sh against current torch)")
     batch_size_is_global = False
 
-    @classmethod
-    def is_available(cls) -> tuple[bool, str]:
-        try:
-            import horovod.torch as hvd
-        except Exception as exc:
-            return False, f"Horovod's torch support is not importable ({type(exc).__name__}: {exc})"
-        if not (hvd.gloo_built() or hvd.mpi_built()):
-            return False, "Horovod was built without Gloo and without MPI"
-        return True, ""
 
     def initialize(self) -> None:
         import horovod.torch as hvd

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from dalle_dist.backends.base import DistributedBackend
 from dalle_dist.backends.deepspeed import DeepSpeedBackend
 from dalle_dist.backends.fsdp import FSDPBackend
@@ -11,6 +13,7 @@ from dalle_dist.backends.horovod import HorovodBackend
 from dalle_dist.backends.precision import PRECISIONS
 from dalle_dist.backends.single import SingleBackend
 from dalle_dist.backends.torch_ddp import TorchBackend
+from dalle_dist.environment import backend_verdict, precision_verdict
 from dalle_dist.errors import ConfigError
 
 BACKENDS: dict[str, type[DistributedBackend]] = {
@@ -54,10 +57,15 @@ def backend_from_args(args: argparse.Namespace) -> DistributedBackend:
     if name not in BACKENDS:
         raise ConfigError(f"unknown --distributed_backend {name!r}",
                           f"known backends: {', '.join(BACKENDS)}")
-    cls = BACKENDS[name]
-    ok, reason = cls.is_available()
-    if not ok:
-        raise ConfigError(
-            f"backend {name} cannot run here: {reason}",
-            f"pip install 'dalle_dist[{cls.extra}]', then see dalle-dist check --backend {name}")
-    return cls(args)
+    # The verdicts `dalle-dist check` prints, before any process group is joined.
+    verdict = backend_verdict(name)
+    if not verdict.usable:
+        raise ConfigError(f"backend {name} cannot run here: {verdict.reason}",
+                          f"{verdict.fix}, then see dalle-dist check --backend {name}")
+    device = getattr(args, "device", None)
+    cuda = device.startswith("cuda") if device else torch.cuda.is_available()
+    precision = "fp16" if getattr(args, "amp", False) else getattr(args, "precision", "fp32")
+    verdict = precision_verdict(name, precision, cuda)
+    if not verdict.usable:
+        raise ConfigError(verdict.reason, verdict.fix)
+    return BACKENDS[name](args)

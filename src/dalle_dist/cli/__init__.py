@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from dalle_dist import __version__
+from dalle_dist.cli.check_cmd import add_check
 from dalle_dist.cli.checkpoint_cmd import add_checkpoint
 from dalle_dist.cli.generate_cmd import add_generate
 from dalle_dist.cli.parser import ArgumentParser, given_dests, subcommand_parser
@@ -33,6 +34,7 @@ def build_parser() -> ArgumentParser:
     add_train(sub)
     add_generate(sub)
     add_checkpoint(sub)
+    add_check(sub)
     return parser
 
 
