@@ -8,8 +8,16 @@ import sys
 PROBE = """
 import sys
 import dalle_dist
+import argparse
 from dalle_dist.cli import build_parser
-for command in ([], ["train"], ["train-vae"], ["generate"]):
+parser = build_parser()
+sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+commands = [[]] + [[name] for name in sub.choices]
+for name, sub_parser in sub.choices.items():
+    nested = [a for a in sub_parser._actions if isinstance(a, argparse._SubParsersAction)]
+    commands += [[name, child] for action in nested for child in action.choices]
+print("COMMANDS", [" ".join(c) for c in commands], file=sys.stderr)
+for command in commands:
     try:
         build_parser().parse_args([*command, "--help"])
     except SystemExit:
@@ -25,3 +33,5 @@ def test_help_loads_no_engine() -> None:
                             timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert "LOADED []" in result.stderr, result.stderr[-500:]
+    for command in ("'train'", "'generate'", "'check'", "'checkpoint inspect'"):
+        assert command in result.stderr, f"{command} was not asked for --help"
