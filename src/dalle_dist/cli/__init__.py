@@ -14,6 +14,7 @@ from typing import NoReturn
 from dalle_dist import __version__
 from dalle_dist.cli.check_cmd import add_check
 from dalle_dist.cli.checkpoint_cmd import add_checkpoint
+from dalle_dist.cli.doctor_cmd import add_doctor
 from dalle_dist.cli.generate_cmd import add_generate
 from dalle_dist.cli.parser import ArgumentParser, given_dests, subcommand_parser
 from dalle_dist.cli.train_cmds import add_train, add_train_vae
@@ -35,6 +36,7 @@ def build_parser() -> ArgumentParser:
     add_generate(sub)
     add_checkpoint(sub)
     add_check(sub)
+    add_doctor(sub)
     return parser
 
 

@@ -1,0 +1,82 @@
+"""`dalle-dist doctor [LOGFILE | -] [--json]`: a failure log in, cause, fix and check out.
+
+Exit status: 0 when a cause was recognised (or the log holds only harmless warnings),
+1 when nothing in the log is known (category `unknown`), 2 when LOGFILE cannot be read.
+Reads the log only: nothing is imported from torch or any engine.
+
+`--json` prints one object with exactly these keys:
+    category  a category of dalle_dist.diagnose.signatures.CATEGORIES, or "benign" (only
+              harmless warnings), or "unknown" (nothing matched)
+    cause, fix, check   strings (check is one shell command)
+    matches   the log lines the diagnosis rests on, in log order (at most 10)
+    benign    notes on harmless warnings also seen (a list, often empty)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from dalle_dist.errors import ConfigError
+
+_SHOWN_WIDTH = 200  # matched lines can be long (a whole argv); the human view cuts them
+
+
+def add_doctor(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="read a failed run's log: root cause, fix and a check",
+                       description="Match a training log against known failures of "
+                                   "DeepSpeed, Horovod, NCCL, CUDA, Apex, Triton and "
+                                   "dalle-dist itself, and print the most likely root cause, "
+                                   "its fix and a command to check it. Exit 0 when a cause "
+                                   "(or only harmless warnings) was found, 1 when the log "
+                                   "matches nothing known.")
+    p.add_argument("logfile", metavar="LOGFILE", nargs="?", default="-",
+                   help="the log to read; - or nothing reads standard input")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: category, cause, fix, check, matches, benign")
+    p.set_defaults(run=run_doctor)
+
+
+def read_log(name: str) -> str:
+    """The log's text (undecodable bytes replaced); a path that cannot be read is a ConfigError."""
+    if name == "-":
+        return sys.stdin.buffer.read().decode("utf-8", errors="replace")
+    path = Path(name)
+    try:
+        return path.read_bytes().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        raise ConfigError(f"LOGFILE {path} does not exist",
+                          "check the path, or pipe the log in: ... 2>&1 | dalle-dist doctor -"
+                          ) from None
+    except IsADirectoryError:
+        raise ConfigError(f"LOGFILE {path} is a directory", "give the log file") from None
+    except OSError as exc:
+        raise ConfigError(f"LOGFILE {path} cannot be read ({exc.strerror})",
+                          "check its permissions") from None
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    from dalle_dist.diagnose.doctor import diagnose
+    from dalle_dist.diagnose.signatures import BENIGN, UNKNOWN
+
+    diagnosis = diagnose(read_log(args.logfile))
+    if args.json:
+        print(json.dumps(diagnosis.to_json(), indent=2))
+    else:
+        print(f"category: {diagnosis.category}")
+        print(f"cause:    {diagnosis.cause}")
+        print(f"fix:      {diagnosis.fix}")
+        print(f"check:    {diagnosis.check}")
+        if diagnosis.matches:
+            print("matched:")
+            for match in diagnosis.matches:
+                text = match.text if len(match.text) <= _SHOWN_WIDTH else \
+                    match.text[:_SHOWN_WIDTH - 3] + "..."
+                print(f"  {match.line}: {text}")
+        if diagnosis.benign and diagnosis.category != BENIGN:
+            print("harmless warnings also seen:")
+            for note in diagnosis.benign:
+                print(f"  - {note}")
+    return 1 if diagnosis.category == UNKNOWN else 0

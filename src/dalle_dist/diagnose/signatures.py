@@ -1,0 +1,591 @@
+"""What `dalle-dist doctor` knows: failure signatures of distributed DALL-E training, as data.
+
+Each `Signature` names one recognisable failure (or one harmless warning) by the lines
+the engines really print: PyTorch, torchrun, NCCL, DeepSpeed and its op builder and
+launcher, Horovod, NVIDIA Apex, Triton, and dalle_dist's own `error: ...` lines.
+
+Fields
+    id        unique, short, kebab-case.
+    category  one of CATEGORIES below (benign entries use BENIGN).
+    patterns  Python regexes, each searched in one log line at a time (re.MULTILINE, so
+              `^` and `$` are a line's ends; no pattern may span lines). Rank prefixes
+              such as `[rank0]:`, `[1,0]<stderr>:` or DeepSpeed's `[<time>] [INFO] [...]`
+              are stripped before matching. Named groups `(?P<name>...)` fill `{name}`
+              placeholders in cause, fix and check.
+    cause     what went wrong, in a sentence, for the user.
+    fix       what to do about it.
+    check     one shell command that shows whether the fix worked.
+    benign    True for a harmless warning: it never decides the category of a log that
+              also holds a failure; it is listed as a note. When a line matches several
+              entries, the first of them here says whether the line is harmless.
+    requires  regexes of which at least one must occur somewhere in the log for the
+              entry to apply (context a single line cannot give, e.g. "fp16 was on").
+
+Order matters: SIGNATURES lists root causes before the symptoms that usually follow
+them (a rank's CUDA OOM before the other ranks' NCCL timeouts). `doctor.diagnose`
+first prefers the most telling place in the log (torchrun's "Root Cause" section, then
+exception and `error:` lines, then any line) and, among equally telling lines, the
+entry listed first here.
+
+Categories
+    deepspeed-missing             DeepSpeed is not installed or not importable.
+    deepspeed-op-build            a DeepSpeed C++/CUDA op (fused_adam, cpu_adam, ...) or
+                                  its wheel failed to build or JIT-load.
+    cuda-unavailable-or-mismatch  no usable GPU: CPU-only torch, no or old driver, a GPU
+                                  this torch has no kernels for, fp16/bf16 not possible.
+    cuda-oom                      a GPU ran out of memory.
+    apex-missing-or-wrong         NVIDIA Apex absent, built without its extensions, or
+                                  the unrelated PyPI `apex`; DeepSpeed's removed amp.
+    horovod-not-built             Horovod absent, or built without torch / Gloo / MPI.
+    nccl-comm                     ranks cannot talk: NCCL errors, collective timeouts,
+                                  rendezvous store connections.
+    sparse-attn-triton            DeepSpeed's sparse attention or Triton cannot load.
+    zero-checkpoint               a DeepSpeed ZeRO checkpoint that is incomplete or was
+                                  saved by another number of ranks.
+    fp16-overflow                 fp16 training diverged: the loss scale collapsed to its
+                                  minimum, or the loss became NaN with fp16 on.
+    launcher-args                 the launcher or the command line is wrong: unknown or
+                                  missing arguments, no launcher environment, busy port.
+    batch-size                    the batch does not fit the ranks / gradient accumulation,
+                                  or the data holds fewer samples than one batch.
+    other                         a known failure outside those: host RAM exhausted
+                                  (SIGKILL), disk full, NaN loss without fp16, or any
+                                  other `error: ... (fix)` line of dalle-dist.
+Two further values are results, not entries: `benign` (BENIGN) when only harmless
+warnings matched, and `unknown` (UNKNOWN) when nothing matched; doctor never guesses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CATEGORIES: tuple[str, ...] = (
+    "deepspeed-missing", "deepspeed-op-build", "cuda-unavailable-or-mismatch", "cuda-oom",
+    "apex-missing-or-wrong", "horovod-not-built", "nccl-comm", "sparse-attn-triton",
+    "zero-checkpoint", "fp16-overflow", "launcher-args", "batch-size", "other",
+)
+BENIGN = "benign"
+UNKNOWN = "unknown"
+
+# Context for entries that only mean fp16 trouble when fp16 was on.
+_FP16_ON = (r"--precision[ =]fp16", r"--fp16\b", r"--amp\b", r"fp16_enabled\W+True",
+            r'"fp16":\s*\{\s*"enabled":\s*true', r"Attempted loss scale",
+            r"Gradient overflow\.", r"torch\.float16", r"opt_level")
+
+# "loss=nan" (tqdm), "loss - nan" (DALLE-pytorch), "loss: nan", '"loss": NaN' (JSON lines).
+_NAN_LOSS = r"\b(?:loss|Loss|LOSS)['\"]?[ \t]*[:=-]?[ \t]*(?:nan|NaN|NAN)\b"
+_TORCH_ENV = ('python -c "import torch; print(torch.__version__, torch.version.cuda, '
+              'torch.cuda.is_available(), torch.cuda.device_count())"')
+# One all-reduce over NCCL, nothing of dalle_dist: does the wire work at all?
+_NCCL_CHECK = ("NCCL_DEBUG=INFO torchrun --nproc_per_node 2 --no-python python -c \"import os, "
+               "torch, torch.distributed as d; d.init_process_group('nccl'); "
+               "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])); "
+               "t = torch.ones(1, device='cuda'); d.all_reduce(t); print(t.item())\"")
+_DS_OPS_FIX = ("install the CUDA toolkit whose major.minor matches torch.version.cuda, "
+               "with nvcc on PATH and CUDA_HOME set, plus ninja; or pip install a DeepSpeed "
+               "release with prebuilt ops; or avoid the op (dalle_dist's default "
+               "optimizer is torch's Adam, no fused op)")
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One recognisable failure (or harmless warning); see the module docstring."""
+
+    id: str
+    category: str
+    patterns: tuple[str, ...]
+    cause: str
+    fix: str
+    check: str
+    benign: bool = False
+    requires: tuple[str, ...] = ()
+
+
+SIGNATURES: tuple[Signature, ...] = (
+    # -- fp16: a collapsed loss scale is the root cause of what follows ---------------------
+    Signature(
+        "ds-loss-scale-at-minimum", "fp16-overflow",
+        (r"Current loss scale already at minimum",
+         r"\[deepspeed\] OVERFLOW! Rank \d+ Skipping step\. Attempted loss scale: [12], "
+         r"reducing to 1\b"),
+        "DeepSpeed's fp16 loss scale fell to its minimum: gradients overflow at every scale, "
+        "so fp16 training has diverged (not the harmless early overflows)",
+        "train in bf16 (--precision bf16) if the GPU has it; else lower the learning rate, "
+        "keep --clip_grad_norm, add warmup, and resume from a checkpoint before the collapse",
+        "grep -c 'OVERFLOW' LOGFILE"),
+    Signature(
+        "apex-loss-scale-collapse", "fp16-overflow",
+        (r"Gradient overflow\.\s+Skipping step, loss scaler \d+ reducing loss scale to "
+         r"(?:0\.\d+|\d(?:\.\d+)?e-\d+)",),
+        "Apex amp kept halving the loss scale below 1: gradients overflow at every scale, "
+        "fp16 training has diverged",
+        "train in bf16 (--precision bf16), or lower the learning rate and keep "
+        "--clip_grad_norm; resume from a checkpoint before the collapse",
+        "grep -c 'Gradient overflow' LOGFILE"),
+    # -- GPU memory -----------------------------------------------------------------------
+    Signature(
+        "cuda-out-of-memory", "cuda-oom",
+        (r"CUDA out of memory\. Tried to allocate (?P<size>[\d.]+ [KMGT]iB)",
+         r"OutOfMemoryError: CUDA out of memory",
+         r"CUDA error: out of memory",
+         r"Cuda failure '?out of memory'?",
+         r"CUBLAS_STATUS_ALLOC_FAILED"),
+        "a GPU ran out of memory",
+        "lower --batch_size (with DeepSpeed, raise --ga_steps to keep the global batch), "
+        "train in bf16/fp16, "
+        "shard states with --zero_stage 2 or 3 (or --zero_offload cpu), or shrink "
+        "--dim/--depth; if much memory is reserved but unallocated, set "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; for generate lower --batch_size",
+        "nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv"),
+    # -- CUDA missing or mismatched -------------------------------------------------------
+    Signature(
+        "torch-cpu-build", "cuda-unavailable-or-mismatch",
+        (r"Torch not compiled with CUDA enabled",),
+        "this torch is a CPU-only build, so CUDA cannot be used",
+        "install a CUDA build of torch (pip install torch --index-url "
+        "https://download.pytorch.org/whl/cu124, matching your driver), or run on CPU "
+        "(--device cpu, --precision bf16)",
+        _TORCH_ENV),
+    Signature(
+        "nvidia-driver-missing", "cuda-unavailable-or-mismatch",
+        (r"Found no NVIDIA driver on your system",
+         r"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"),
+        "no NVIDIA driver is loaded on this machine (or in this container)",
+        "install the NVIDIA driver; in Docker run with --gpus all and the NVIDIA container "
+        "toolkit",
+        "nvidia-smi"),
+    Signature(
+        "nvidia-driver-too-old", "cuda-unavailable-or-mismatch",
+        (r"NVIDIA driver on your system is too old \(found version (?P<found>\d+)\)",
+         r"CUDA driver version is insufficient for CUDA runtime version"),
+        "the NVIDIA driver is older than the CUDA runtime this torch was built with",
+        "update the driver, or install a torch built for an older CUDA "
+        "(https://pytorch.org/get-started/locally/)",
+        "nvidia-smi  # 'CUDA Version' must be >= torch.version.cuda"),
+    Signature(
+        "gpu-arch-unsupported", "cuda-unavailable-or-mismatch",
+        (r"no kernel image is available for execution on the device",
+         r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation"),
+        "this torch build has no kernels for this GPU's architecture (compute capability)",
+        "install a torch wheel built for this GPU (a newer CUDA build for new GPUs); for "
+        "DeepSpeed ops rebuild them with TORCH_CUDA_ARCH_LIST set to this GPU's capability",
+        'python -c "import torch; print(torch.cuda.get_arch_list(), '
+        'torch.cuda.get_device_capability())"'),
+    Signature(
+        "no-gpu-visible", "cuda-unavailable-or-mismatch",
+        (r"No CUDA GPUs are available",
+         r"CUDA initialization: CUDA unknown error",
+         r"ProcessGroupNCCL is only supported with GPUs, no GPUs found",
+         r"torch\.cuda\.is_available\(\)[\s:=>-]*False"),
+        "torch sees no GPU: CUDA_VISIBLE_DEVICES hides them, the container has none, or the "
+        "driver did not initialise",
+        "check CUDA_VISIBLE_DEVICES and that the job (docker --gpus all, Slurm --gres=gpu:N) "
+        "was given GPUs; on CPU use --precision bf16 and the gloo-based backends",
+        "dalle-dist check --cuda-smoke"),
+    Signature(
+        "libcudart-missing", "cuda-unavailable-or-mismatch",
+        (r"lib(?:cudart|cublas|cudnn)\S*\.so[.\d]*: cannot open shared object file",),
+        "a CUDA runtime library that torch or an engine was built against is missing",
+        "install the matching CUDA runtime (or a torch wheel that bundles it) and rebuild "
+        "the engine against the installed torch",
+        _TORCH_ENV),
+    Signature(
+        "fp16-without-gpu", "cuda-unavailable-or-mismatch",
+        (r"DeepSpeed cannot train fp16 on CPU",
+         r"Type fp16 is not supported on your device"),
+        "fp16 was asked for but the run is on CPU (no usable GPU), where DeepSpeed has no fp16",
+        "use --precision bf16 on CPU; if a GPU was expected, find out why torch sees none",
+        "dalle-dist check --backend deepspeed --precision fp16"),
+    Signature(
+        "bf16-unsupported", "cuda-unavailable-or-mismatch",
+        (r"this GPU has no bf16", r"Type bf16 is not supported on your device"),
+        "bf16 was asked for on a GPU without bf16 support (compute capability below 8.0)",
+        "use --precision fp16 (or fp32) on this GPU",
+        "dalle-dist check --precision bf16"),
+    # -- DeepSpeed sparse attention and Triton ---------------------------------------------
+    Signature(
+        "triton-missing", "sparse-attn-triton",
+        (r"No module named '?triton'?(?![.\w])",),
+        "Triton is not installed, and DeepSpeed's sparse attention kernels need it",
+        "drop DeepSpeed's kernel: dalle_dist's --attn_types sparse runs as a block mask "
+        "(SDPA on CPU, FlexAttention on CUDA) and needs no Triton; otherwise install the "
+        "Triton version your DeepSpeed release pins",
+        'python -c "import triton; print(triton.__version__)"'),
+    Signature(
+        "triton-api-mismatch", "sparse-attn-triton",
+        (r"module 'triton' has no attribute '?(?P<name>\w+)'?",
+         r"dlsym unable to load function",
+         r"IndexError: map::at"),
+        "the installed Triton does not match the version DeepSpeed's sparse attention was "
+        "written for",
+        "use dalle_dist's own sparse pattern (no Triton needed), or pin the Triton version "
+        "your DeepSpeed release lists in requirements-sparse_attn.txt",
+        'python -c "import triton; print(triton.__version__)"'),
+    Signature(
+        "ds-sparse-attention-unavailable", "sparse-attn-triton",
+        (r"No module named '?deepspeed\.ops\.sparse_attention",
+         r"cannot import name '?\w*Spars\w*'? from '?deepspeed",
+         r"sparse_attn requires (?:a torch version|CUDA version)",
+         r"Unable to JIT load the sparse_attn op"),
+        "DeepSpeed's sparse attention is not available here (removed from recent DeepSpeed "
+        "releases; older ones need torch < 2, CUDA 10.1-11 and an exact Triton)",
+        "use --attn_types with dalle_dist's mask-based sparse pattern, which needs no "
+        "DeepSpeed kernel",
+        "ds_report | grep -i sparse"),
+    # -- DeepSpeed ops --------------------------------------------------------------------
+    Signature(
+        "ds-cuda-home-missing", "deepspeed-op-build",
+        (r"CUDA_HOME does not exist, unable to compile CUDA op",
+         r"MissingCUDAException"),
+        "DeepSpeed tried to compile a CUDA op but finds no CUDA toolkit (CUDA_HOME unset, "
+        "no nvcc)",
+        "install the CUDA toolkit matching torch.version.cuda and export CUDA_HOME, or use "
+        "a DeepSpeed wheel with prebuilt ops, or avoid the op",
+        "echo $CUDA_HOME; nvcc --version; ds_report"),
+    Signature(
+        "ds-cuda-toolkit-mismatch", "deepspeed-op-build",
+        (r">- DeepSpeed Op Builder: Installed CUDA version [\d.]+ does not match",
+         r"unable to compile cuda/cpp extensions without a matching cuda version",
+         r"CUDAMismatchException"),
+        "the CUDA toolkit (nvcc) differs in major version from the CUDA torch was built "
+        "with, so DeepSpeed refuses to compile its ops",
+        "install the toolkit matching torch.version.cuda (or a torch matching the "
+        "toolkit) and point CUDA_HOME at it",
+        'nvcc --version; python -c "import torch; print(torch.version.cuda)"'),
+    Signature(
+        "ds-ninja-missing", "deepspeed-op-build",
+        (r"Unable to JIT load the (?P<op>\w+) op due to ninja not being installed",
+         r"Ninja is required to load C\+\+ extensions"),
+        "DeepSpeed builds its ops just in time with ninja, which is not installed",
+        "pip install ninja (and make sure `ninja --version` runs in the job's environment)",
+        "ninja --version; ds_report"),
+    Signature(
+        "ds-op-build-failed", "deepspeed-op-build",
+        (r"Error building extension '(?P<op>\w+)'",
+         r"Unable to JIT load the (?P<op>\w+) op due to it not being compatible",
+         r"Failed building wheel for deepspeed",
+         r"'DeepSpeedCPUAdam' object has no attribute 'ds_opt_adam'",
+         r"ninja: build stopped: subcommand failed"),
+        "a DeepSpeed C++/CUDA op failed to compile (see the compiler errors above it)",
+        _DS_OPS_FIX,
+        "ds_report"),
+    # -- DeepSpeed not there ----------------------------------------------------------------
+    Signature(
+        "deepspeed-not-installed", "deepspeed-missing",
+        (r"No module named '?deepspeed'?(?![.\w])",
+         r"deepspeed: (?:command )?not found",
+         r"command not found: deepspeed",
+         r"backend deepspeed (?:is not installed|cannot run here)",
+         r"holds ZeRO partitions and DeepSpeed does not import"),
+        "DeepSpeed is not installed (or not importable) in the environment that ran",
+        "pip install 'dalle_dist[deepspeed]' in the same environment the launcher uses",
+        "dalle-dist check --backend deepspeed"),
+    # -- Horovod ------------------------------------------------------------------------
+    Signature(
+        "horovod-torch-extension", "horovod-not-built",
+        (r"Extension horovod\.torch has not been built",
+         r"Horovod has not been built with PyTorch support",
+         r"backend horovod cannot run here"),
+        "Horovod is installed without its PyTorch extension (it failed to build, or was "
+        "built before this torch)",
+        "rebuild it: scripts/build_horovod.sh (HOROVOD_WITH_PYTORCH=1, C++17 against current "
+        "torch, --no-build-isolation), then pip install 'dalle_dist[horovod]'",
+        "horovodrun --check-build"),
+    Signature(
+        "horovod-transport-missing", "horovod-not-built",
+        (r"(?P<wire>Gloo|MPI) support (?:is required to use elastic training, but )?"
+         r"has not been built",
+         r"Horovod has not been built with MPI support",
+         r"Horovod was built without Gloo and without MPI"),
+        "Horovod was built without the transport the launch needs (Gloo or MPI)",
+        "rebuild with HOROVOD_WITH_GLOO=1 (scripts/build_horovod.sh), or launch with the "
+        "transport it has (horovodrun --gloo / --mpi)",
+        "horovodrun --check-build"),
+    Signature(
+        "horovod-build-failed", "horovod-not-built",
+        (r"Failed (?:building wheel for|to build) horovod",
+         r"C\+\+17 or later compatible compiler is required"),
+        "building Horovod failed; Horovod 0.28.1's CMake asks for C++14 while torch >= 2.1 "
+        "headers need C++17",
+        "build with scripts/build_horovod.sh (sets CMAKE_CXX_STANDARD 17, "
+        "--no-build-isolation) and keep the wheel",
+        "horovodrun --check-build",
+        requires=(r"(?i)horovod",)),
+    Signature(
+        "horovod-not-installed", "horovod-not-built",
+        (r"No module named '?horovod",
+         r"horovodrun: (?:command )?not found",
+         r"command not found: horovodrun"),
+        "Horovod is not installed in the environment that ran",
+        "build and install it: scripts/build_horovod.sh, then pip install "
+        "'dalle_dist[horovod]'",
+        "horovodrun --check-build"),
+    # -- Apex ---------------------------------------------------------------------------
+    # Apex's fallback warning quotes the ImportError of amp_C: listed first, it claims the line.
+    Signature(
+        "apex-python-fallback", BENIGN,
+        (r"multi_tensor_applier fused unscale kernel is unavailable",),
+        "Apex was installed without --cuda_ext --cpp_ext and unscales in Python: slower, "
+        "still correct",
+        "nothing; rebuild Apex with its extensions only for speed",
+        'python -c "import amp_C"',
+        benign=True),
+    Signature(
+        "dalle-dist-amp-fallback", BENIGN,
+        (r"--amp: (?:NVIDIA Apex with apex\.amp is not importable|Apex amp needs CUDA)",),
+        "dalle-dist used torch.autocast fp16 with a gradient scaler because Apex amp is not "
+        "usable here: same training, no Apex",
+        "nothing; pass --precision fp16 instead of --amp to skip the message",
+        'python -c "from apex import amp"',
+        benign=True),
+    Signature(
+        "deepspeed-amp-removed", "apex-missing-or-wrong",
+        (r"NVIDIA Apex AMP integration has been removed",
+         r"--deepspeed_config has an 'amp' block"),
+        "the DeepSpeed config has an 'amp' block (Apex amp), which DeepSpeed no longer "
+        "accepts",
+        "remove the 'amp' block and use --precision bf16 (or fp16) instead",
+        "grep -n '\"amp\"' YOUR_DS_CONFIG.json"),
+    Signature(
+        "apex-amp-missing", "apex-missing-or-wrong",
+        (r"cannot import name '?amp'? from '?apex",
+         r"module 'apex' has no attribute '?amp",
+         r"No module named '?apex\.amp"),
+        "the `apex` that imports has no `amp`: either the unrelated PyPI package named apex, "
+        "or a recent NVIDIA Apex (amp was removed upstream)",
+        "pip uninstall apex; use native mixed precision (--precision fp16 or bf16) instead "
+        "of Apex amp",
+        'python -c "import apex, sys; print(apex.__file__, hasattr(apex, \'amp\'))"'),
+    Signature(
+        "apex-extensions-missing", "apex-missing-or-wrong",
+        (r"No module named '?(?P<ext>amp_C|apex_C|fused_layer_norm_cuda|fused_adam_cuda|"
+         r"syncbn|fused_dense_cuda)'?",),
+        "NVIDIA Apex was installed without its C++/CUDA extensions, which this code path needs",
+        "reinstall Apex from source with its extensions (pip install -v "
+        "--no-build-isolation --config-settings '--build-option=--cpp_ext' "
+        "--config-settings '--build-option=--cuda_ext' ./apex), or use native precision",
+        'python -c "import amp_C, fused_layer_norm_cuda"'),
+    Signature(
+        "apex-not-installed", "apex-missing-or-wrong",
+        (r"No module named '?apex'?(?![.\w])",),
+        "NVIDIA Apex is not installed (it is not on PyPI)",
+        "use native mixed precision (--precision fp16 or bf16); Apex is optional",
+        'python -c "import apex"'),
+    # -- ZeRO checkpoints ---------------------------------------------------------------
+    Signature(
+        "zero-world-size-changed", "zero-checkpoint",
+        (r"The checkpoint being loaded used a DP world size of (?P<saved>\d+) but the "
+         r"current world size is (?P<now>\d+)",
+         r"holds ZeRO-\d partitions of (?P<saved>\d+) ranks, this run has (?P<now>\d+)"),
+        "the ZeRO checkpoint was saved by {saved} ranks and this run has {now}: ZeRO's "
+        "optimizer partitions cannot be re-split on load",
+        "resume with {saved} ranks, or consolidate it first: "
+        "dalle-dist checkpoint convert NAME-ds-cp/ NAME.pt (weights only, fresh optimizer)",
+        "ls NAME-ds-cp/$(cat NAME-ds-cp/latest) | grep -c optim_states"),
+    Signature(
+        "zero-partition-missing", "zero-checkpoint",
+        (r"(?:No such file or directory|not found|FileNotFoundError).*_(?:optim|model)"
+         r"_states\.pt",
+         r"Expected \d+ of '\*_optim_states\.pt' under .* but found \d+ files",
+         r"can't find model states file at",
+         r"Unable to find latest file at",
+         r"has no 'latest' file: no save of it finished",
+         r"'latest' names .*, which is missing",
+         r"DeepSpeed could not load \S+",
+         r"Invalid for universal checkpoint"),
+        "the DeepSpeed checkpoint directory is incomplete: a rank's partition file, the "
+        "tag or 'latest' is missing (a save that did not finish, or files not copied from "
+        "every node)",
+        "resume from an earlier complete tag (write its name into NAME-ds-cp/latest), or copy "
+        "the missing zero_pp_rank_* files from the node that wrote them",
+        "cat NAME-ds-cp/latest; ls NAME-ds-cp/*/"),
+    # -- batch size ---------------------------------------------------------------------
+    Signature(
+        "batch-not-divisible", "batch-size",
+        (r"Check batch related parameters\. train_batch_size is not equal to "
+         r"micro_batch_per_gpu \* gradient_acc_step \* world_size",
+         r"is the global batch of backend \w+ and must be a multiple of the \d+ ranks"
+         r"(?: \((?P<hint>use --batch_size [^)]*)\))?",
+         r"\(DeepSpeed's train_batch_size\) is not divisible by --ga_steps",
+         r"train_batch_size \d+ != micro batch \d+ x --ga_steps",
+         r"(?:Train batch size|Micro batch size per gpu|Gradient accumulation steps): -?\d+ "
+         r"has to be greater than 0"),
+        "the batch size does not split over ranks and gradient accumulation steps "
+        "(global batch = micro batch x --ga_steps x ranks)",
+        "pick a --batch_size that is a multiple of --ga_steps x ranks (the error line names "
+        "one), and drop train_batch_size / train_micro_batch_size_per_gpu from "
+        "--deepspeed_config or make them agree",
+        "grep -n batch_size YOUR_DS_CONFIG.json"),
+    Signature(
+        "batch-larger-than-data", "batch-size",
+        (r"too few for a batch of \d+ on each of \d+ ranks",
+         r"WebDataset shards hold fewer than a batch"),
+        "the dataset (or a rank's share of it) holds fewer samples than one batch",
+        "lower --batch_size, use fewer ranks, or add data / shards",
+        "ls DATASET | wc -l"),
+    # -- NaN loss with fp16 on --------------------------------------------------------------
+    Signature(
+        "fp16-nan-loss", "fp16-overflow",
+        (_NAN_LOSS,
+         r"returned nan values in its \d+th output"),
+        "the loss became NaN with fp16 on: activations or gradients overflowed fp16's range",
+        "train in bf16 (--precision bf16) if the GPU has it; else lower the learning rate, "
+        "keep --clip_grad_norm, and resume from a checkpoint saved before the NaN",
+        "grep -in 'nan' LOGFILE | head",
+        requires=_FP16_ON),
+    # -- launcher and command line --------------------------------------------------------
+    Signature(
+        "local-rank-unrecognized", "launcher-args",
+        (r"error: unrecognized arguments: .*--local[_-]rank",),
+        "the launcher passes --local_rank (deepspeed, torch.distributed.launch) but the "
+        "script's parser does not accept it",
+        "launch dalle_dist as a module (deepspeed --module dalle_dist train ..., torchrun -m "
+        "dalle_dist train ...), which accepts --local_rank/--local-rank; in a custom script "
+        "add parser.add_argument('--local_rank', '--local-rank', type=int)",
+        "dalle-dist --local_rank=0 train --help"),
+    Signature(
+        "bad-arguments", "launcher-args",
+        (r"error: unrecognized arguments:",
+         r"error: the following arguments are required:",
+         r"error: argument [-\w/]+: (?:invalid|expected|ambiguous)",
+         r"error: ambiguous option:",
+         r"unknown --distributed_backend",
+         r"--deepspeed contradicts --distributed_backend"),
+        "a command line (the launcher's or dalle-dist's) has an unknown, missing or invalid "
+        "argument",
+        "fix the argument the error line names; launcher flags go before the module "
+        "(torchrun --nproc_per_node 2 -m dalle_dist train ...)",
+        "dalle-dist train --help"),
+    Signature(
+        "no-launcher-environment", "launcher-args",
+        (r"environment variable (?P<var>RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) "
+         r"expected, but not set",
+         r"found no launcher environment"),
+        "a distributed backend was asked for without the launcher that sets up its ranks",
+        "start it through its launcher: torchrun --nproc_per_node N -m dalle_dist train "
+        "--distributed_backend torch ...; deepspeed --num_gpus N --module dalle_dist train "
+        "--deepspeed ...; horovodrun -np N python -m dalle_dist train --distributed_backend "
+        "horovod ...",
+        "env | grep -E '^(RANK|WORLD_SIZE|LOCAL_RANK|MASTER_ADDR|MASTER_PORT)='"),
+    Signature(
+        "port-in-use", "launcher-args",
+        (r"(?i)address already in use", r"EADDRINUSE"),
+        "the rendezvous port (MASTER_PORT, 29500 by default) is taken, often by a previous "
+        "run that did not exit",
+        "pick another port (torchrun --master_port 29501, deepspeed --master_port 29501) or "
+        "end the leftover processes",
+        'ss -ltnp | grep -w "${MASTER_PORT:-29500}"'),
+    # -- communication between ranks ------------------------------------------------------
+    Signature(
+        "nccl-duplicate-gpu", "nccl-comm",
+        (r"Duplicate GPU detected", r"ncclInvalidUsage"),
+        "two ranks use the same GPU (NCCL invalid usage)",
+        "run one rank per GPU: --nproc_per_node / --num_gpus at most the GPU count, and "
+        "each rank on cuda:LOCAL_RANK (dalle_dist does this; custom code must call "
+        "torch.cuda.set_device(local_rank))",
+        "nvidia-smi -L"),
+    Signature(
+        "nccl-network", "nccl-comm",
+        (r"unhandled system error",
+         r"ncclSystemError|ncclInternalError",
+         r"NCCL WARN .*(?:[Cc]onnect|[Ss]ocket|NET/|[Tt]imeout|[Ii]nterface)",
+         r"The client socket has timed out after .* while trying to connect to",
+         r"Timed out after \d+ seconds waiting for clients",
+         r"NCCL error in: [^,]*, internal error"),
+        "NCCL could not set up or use the network between ranks (wrong interface, "
+        "firewall, unreachable MASTER_ADDR, or no shared memory in a container)",
+        "rerun with NCCL_DEBUG=INFO; set NCCL_SOCKET_IFNAME to the interface the nodes share, "
+        "open the ports between nodes, and in Docker use --ipc=host or a larger --shm-size; "
+        "NCCL_IB_DISABLE=1 if InfiniBand is misconfigured",
+        _NCCL_CHECK),
+    Signature(
+        "collective-timeout", "nccl-comm",
+        (r"Watchdog caught collective operation timeout",
+         r"NCCL communicator was aborted",
+         r"ncclRemoteError",
+         r"remote process exiting prematurely",
+         r"Connection (?:closed|reset) by peer"),
+        "a collective never completed: a rank hung, died, or ran different steps than the "
+        "others (a follow-on of another rank's failure when one is in the log)",
+        "look for the first failing rank's own error; else check that every rank sees the "
+        "same data length and network, and rerun with NCCL_DEBUG=INFO "
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+        _NCCL_CHECK),
+    # -- other known failures -------------------------------------------------------------
+    Signature(
+        "host-oom-killed", "other",
+        (r"Signal 9 \(SIGKILL\) received by PID",
+         r"exits with return code = -9\b",
+         r"^Killed$",
+         r"Out of memory: Killed process"),
+        "a process was killed with SIGKILL, usually by the kernel's out-of-memory killer "
+        "when host RAM ran out (data loader workers, --zero_offload cpu, checkpoint loading)",
+        "lower --num_workers and --batch_size, drop --zero_offload cpu, or ask the scheduler "
+        "for more memory",
+        "dmesg -T | grep -i 'killed process'"),
+    Signature(
+        "disk-full", "other",
+        (r"No space left on device",),
+        "the disk filled up (checkpoints, samples or compiled op caches)",
+        "free space or point the output elsewhere; --keep_n_checkpoints limits old "
+        "checkpoints",
+        "df -h ."),
+    Signature(
+        "nan-loss", "other",
+        (_NAN_LOSS,
+         r"returned nan values in its \d+th output"),
+        "the loss became NaN without fp16: the learning rate is too high or a batch holds "
+        "bad values",
+        "lower --learning_rate, keep --clip_grad_norm, and check the data; resume from a "
+        "checkpoint saved before the NaN",
+        "grep -in 'nan' LOGFILE | head"),
+    Signature(
+        "dalle-dist-error", "other",
+        (r"^error: (?P<what>.*?) \((?P<fix>(?:[^()]|\([^()]*\))*)\)$",),
+        "dalle-dist stopped: {what}",
+        "{fix}",
+        "dalle-dist check"),
+    # -- harmless warnings ----------------------------------------------------------------
+    Signature(
+        "ds-overflow-skip", BENIGN,
+        (r"\[deepspeed\] OVERFLOW! (?:Rank \d+ )?Skipping step",
+         r"\[deepspeed\] fp16 dynamic loss scale overflow! Skipping step",
+         r"Grad overflow on iteration \d+"),
+        "DeepSpeed's dynamic fp16 loss scaler skipped a step and lowered the scale: normal "
+        "in the first steps of fp16 training",
+        "nothing, unless the scale keeps falling to its minimum (then see fp16-overflow)",
+        "grep -c 'OVERFLOW' LOGFILE",
+        benign=True),
+    Signature(
+        "apex-gradient-overflow", BENIGN,
+        (r"Gradient overflow\.\s+Skipping step, loss scaler \d+ reducing loss scale to",),
+        "Apex amp's dynamic loss scaler skipped a step and halved the scale: normal early "
+        "in fp16 training",
+        "nothing, unless the scale keeps falling below 1 (then see fp16-overflow)",
+        "grep -c 'Gradient overflow' LOGFILE",
+        benign=True),
+    Signature(
+        "torchrun-omp-threads", BENIGN,
+        (r"Setting OMP_NUM_THREADS environment variable for each process to be 1 in default",),
+        "torchrun set OMP_NUM_THREADS=1 per process: a tuning notice, not an error",
+        "nothing; export OMP_NUM_THREADS yourself to choose the value",
+        "echo $OMP_NUM_THREADS",
+        benign=True),
+    Signature(
+        "ds-cuda-minor-mismatch-accepted", BENIGN,
+        (r"but since the APIs are compatible, accepting this combination",),
+        "DeepSpeed found a CUDA toolkit of the same major version as torch's and accepted it",
+        "nothing",
+        "nvcc --version",
+        benign=True),
+    Signature(
+        "ds-launcher-notices", BENIGN,
+        (r"Unable to find hostfile, will proceed with training with local resources only",
+         r"async_io requires the dev libaio \.so object and headers but these were not found",
+         r"please install the libaio-dev package with apt"),
+        "DeepSpeed notices about optional features (hostfile, async_io) that this run "
+        "does not use",
+        "nothing",
+        "ds_report",
+        benign=True),
+)
