@@ -17,6 +17,7 @@ from dalle_dist.cli.checkpoint_cmd import add_checkpoint
 from dalle_dist.cli.doctor_cmd import add_doctor
 from dalle_dist.cli.generate_cmd import add_generate
 from dalle_dist.cli.parser import ArgumentParser, given_dests, subcommand_parser
+from dalle_dist.cli.plan_cmd import add_plan
 from dalle_dist.cli.train_cmds import add_train, add_train_vae
 from dalle_dist.errors import DalleDistError, Stopped
 
@@ -37,6 +38,7 @@ def build_parser() -> ArgumentParser:
     add_checkpoint(sub)
     add_check(sub)
     add_doctor(sub)
+    add_plan(sub)
     return parser
 
 

@@ -1,0 +1,204 @@
+"""`dalle-dist plan`: memory per GPU of a training run, for every backend, ZeRO stage and
+precision, and which to use. Model flags are `train`'s, with its defaults.
+
+--json prints one object (all sizes in bytes):
+  version             1
+  model               {"dalle": DALLEConfig dict, "vae": VAEConfig dict}
+  parameters          {"dalle": int, "vae": int}
+  sequence            {"text": int, "image": int, "length": int}  (length = text + image - 1)
+  layers              [{"pattern": str, "path": str}]  (the attention path on --device)
+  batch_size, gpus    the global batch and the GPUs it is split over
+  gpu_memory_bytes    --gpu_memory; usable_bytes: the part a plan fills (90%)
+  device              cuda or cpu: whose kernels the activations are counted for
+  rows                [{backend, zero_stage (int | null), precision, gpus, micro_batch,
+                        params, grads, optimizer, activations, buffers, peak, fits (bool),
+                        max_batch (largest global batch that fits), items {name: bytes}}]
+  recommendation      str
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from dalle_dist.errors import ConfigError
+from dalle_dist.model.config import VAEConfig
+
+_VAE = VAEConfig()
+_BYTE_VOCAB = 257  # data.tokenizer.ByteTokenizer.vocab_size: UTF-8 bytes + padding id 0
+
+
+def add_plan(sub: argparse._SubParsersAction) -> None:
+    from dalle_dist.model import ATTN_IMPLS, PATTERNS
+
+    p = sub.add_parser("plan", help="memory per GPU of a training run, per backend, ZeRO "
+                                    "stage and precision, and which to use",
+                       description="Estimate the memory per GPU of `dalle-dist train` with "
+                                   "these flags for every backend x ZeRO stage x precision, "
+                                   "and recommend one. Nothing is built or launched.")
+    model = p.add_argument_group("model (as `train`)")
+    model.add_argument("--dim", type=int, default=128, help="default %(default)s")
+    model.add_argument("--depth", type=int, default=4, help="default %(default)s")
+    model.add_argument("--heads", type=int, default=4, help="default %(default)s")
+    model.add_argument("--dim_head", type=int, default=32, help="default %(default)s")
+    model.add_argument("--ff_mult", type=int, default=4, help="default %(default)s")
+    model.add_argument("--text_seq_len", type=int, default=48, help="default %(default)s")
+    model.add_argument("--num_text_tokens", type=int, default=_BYTE_VOCAB,
+                       help="tokenizer vocabulary, padding id included (default %(default)s: "
+                            "the byte tokenizer)")
+    model.add_argument("--bpe_path", default=None,
+                       help="HuggingFace tokenizers JSON: its vocabulary replaces "
+                            "--num_text_tokens")
+    model.add_argument("--attn_types", default="full",
+                       help=f"comma list cycled over layers: {', '.join(PATTERNS)} "
+                            "(default %(default)s)")
+    model.add_argument("--attn_impl", choices=ATTN_IMPLS, default="auto",
+                       help="attention path, as `train` (default %(default)s)")
+    model.add_argument("--conv_kernel_size", type=int, default=5, help="default %(default)s")
+    model.add_argument("--conv_dilation", type=int, default=1, help="default %(default)s")
+    model.add_argument("--sparse_random_blocks", type=int, default=None,
+                       help="default: a quarter of the sequence's blocks")
+    vae = p.add_argument_group("VAE and data (as `train-vae`)")
+    vae.add_argument("--image_size", type=int, default=_VAE.image_size,
+                     help="default %(default)s")
+    vae.add_argument("--num_tokens", type=int, default=_VAE.num_tokens,
+                     help="codebook size (default %(default)s)")
+    vae.add_argument("--num_layers", type=int, default=_VAE.num_layers,
+                     help="VAE downsampling layers (default %(default)s)")
+    vae.add_argument("--num_resnet_blocks", type=int, default=_VAE.num_resnet_blocks,
+                     help="default %(default)s")
+    vae.add_argument("--emb_dim", type=int, default=_VAE.codebook_dim,
+                     help="codebook dimension (default %(default)s)")
+    vae.add_argument("--hidden_dim", type=int, default=_VAE.hidden_dim,
+                     help="default %(default)s")
+    plan = p.add_argument_group("plan")
+    plan.add_argument("--batch_size", type=int, default=32,
+                      help="global batch, split over the GPUs (default %(default)s)")
+    plan.add_argument("--gpus", type=int, default=1, help="default %(default)s")
+    plan.add_argument("--gpu_memory", default="80GB",
+                      help="memory of one GPU: 80GB, 40GiB, 24G, 16000MB (GB / G decimal, "
+                           "GiB binary; default %(default)s)")
+    plan.add_argument("--precision", default=None, metavar="LIST",
+                      help="only these of fp32, bf16, fp16 (comma list; default all)")
+    plan.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                      help="count activations for this device's attention kernels "
+                           "(default %(default)s)")
+    plan.add_argument("--json", action="store_true", help="print JSON (schema: see README)")
+    p.set_defaults(run=run_plan)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from dalle_dist import plan
+
+    dalle_cfg, vae_cfg = _configs(args)
+    precisions = (plan.PRECISIONS if args.precision is None else
+                  tuple(x.strip() for x in args.precision.split(",") if x.strip()))
+    if not precisions:
+        raise ConfigError("--precision is empty", f"give some of {', '.join(plan.PRECISIONS)}")
+    memory = plan.parse_memory(args.gpu_memory)
+    rows = plan.estimate(dalle_cfg, args.batch_size, args.gpus, vae=vae_cfg,
+                         precisions=precisions, device=args.device, attn_impl=args.attn_impl)
+    advice = plan.recommend(rows, memory)
+    report = _report(dalle_cfg, vae_cfg, rows, args, memory, advice)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(_human(report))
+    return 0
+
+
+def _configs(args: argparse.Namespace) -> tuple[object, VAEConfig]:
+    from dalle_dist.model import DALLEConfig, PatternOptions, build_pattern
+
+    vocab = args.num_text_tokens
+    if args.bpe_path:
+        from dalle_dist.data.tokenizer import load_tokenizer
+
+        vocab = load_tokenizer(args.bpe_path).vocab_size
+    if vocab <= 1:
+        raise ConfigError(f"--num_text_tokens must be at least 2, got {vocab}")
+    vae = VAEConfig(image_size=args.image_size, num_tokens=args.num_tokens,
+                    codebook_dim=args.emb_dim, num_layers=args.num_layers,
+                    num_resnet_blocks=args.num_resnet_blocks, hidden_dim=args.hidden_dim)
+    vae.validate()
+    attn_types = tuple(t.strip() for t in args.attn_types.split(",") if t.strip())
+    dalle = DALLEConfig(num_text_tokens=vocab, text_seq_len=args.text_seq_len,
+                        num_image_tokens=vae.num_tokens, image_fmap_size=vae.fmap_size,
+                        dim=args.dim, depth=args.depth, heads=args.heads,
+                        dim_head=args.dim_head, ff_mult=args.ff_mult, attn_types=attn_types,
+                        conv_kernel_size=args.conv_kernel_size,
+                        conv_dilation=args.conv_dilation,
+                        sparse_random_blocks=args.sparse_random_blocks)
+    dalle.validate()
+    options = PatternOptions(args.conv_kernel_size, args.conv_dilation,
+                             args.sparse_random_blocks)
+    for name in attn_types:
+        build_pattern(name, options)  # unknown names and bad pattern knobs are ConfigErrors
+    return dalle, vae
+
+
+def _report(dalle_cfg: object, vae_cfg: VAEConfig, rows: list, args: argparse.Namespace,
+            memory: int, advice: str) -> dict:
+    from dalle_dist import plan
+
+    budget = int(memory * plan.USABLE_FRACTION)
+    c = dalle_cfg
+    layers = plan.layer_paths(c, args.device, args.attn_impl)
+    return {
+        "version": 1,
+        "model": {"dalle": c.to_dict(), "vae": vae_cfg.to_dict()},
+        "parameters": {"dalle": plan.dalle_parameters(c), "vae": plan.vae_parameters(vae_cfg)},
+        "sequence": {"text": c.text_seq_len + 1, "image": c.image_seq_len,
+                     "length": c.text_seq_len + c.image_seq_len},
+        "layers": [{"pattern": pattern, "path": path} for pattern, path in layers],
+        "batch_size": args.batch_size, "gpus": args.gpus, "gpu_memory_bytes": memory,
+        "usable_bytes": budget, "device": args.device,
+        "rows": [{"backend": r.backend, "zero_stage": r.zero_stage, "precision": r.precision,
+                  "gpus": r.gpus, "micro_batch": r.micro_batch, "params": r.params,
+                  "grads": r.grads, "optimizer": r.optimizer, "activations": r.activations,
+                  "buffers": r.buffers, "peak": r.peak, "fits": r.peak <= budget,
+                  "max_batch": r.max_batch(budget), "items": r.items} for r in rows],
+        "recommendation": advice,
+    }
+
+
+def _human(report: dict) -> str:
+    from dalle_dist.plan import format_bytes
+
+    seq = report["sequence"]
+    counts: dict[str, int] = {}
+    for layer in report["layers"]:
+        key = f"{layer['pattern']} ({layer['path']})"
+        counts[key] = counts.get(key, 0) + 1
+    lines = [
+        f"DALL-E {report['parameters']['dalle'] / 1e6:.2f}M parameters, VAE "
+        f"{report['parameters']['vae'] / 1e6:.2f}M (frozen); sequence {seq['length']} = "
+        f"{seq['text']} text + {seq['image']} image - 1; layers: "
+        + ", ".join(f"{n} x {k}" for k, n in counts.items()) + f" on {report['device']}",
+        f"global batch {report['batch_size']} on {report['gpus']} GPU(s) of "
+        f"{format_bytes(report['gpu_memory_bytes'], si=True)} "
+        f"({format_bytes(report['gpu_memory_bytes'])}; a plan fills "
+        f"{format_bytes(report['usable_bytes'])})",
+        "",
+    ]
+    header = ("backend", "precision", "batch/GPU", "params", "grads", "optimizer",
+              "activations", "buffers", "peak", "fits", "max batch")
+    table = [header]
+    for r in report["rows"]:
+        label = (f"deepspeed ZeRO-{r['zero_stage']}" if r["backend"] == "deepspeed"
+                 else r["backend"])
+        table.append((label, r["precision"], str(r["micro_batch"]),
+                      *(format_bytes(r[k]) for k in ("params", "grads", "optimizer",
+                                                     "activations", "buffers", "peak")),
+                      "yes" if r["fits"] else "no", str(r["max_batch"])))
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        cells = [cell.ljust(w) if i < 2 else cell.rjust(w)
+                 for i, (cell, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
+    lines += ["", "columns: each part's own maximum; peak: the modelled high-water mark "
+                  "(below their sum: gradients fill as activations are freed).",
+              "max batch: the largest global batch that fits; horovod's --batch_size is "
+              "per worker (batch/GPU).",
+              f"recommendation: {report['recommendation']}"]
+    return "\n".join(lines)

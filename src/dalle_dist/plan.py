@@ -1,0 +1,609 @@
+"""`dalle-dist plan`: memory per GPU of a DALL-E training run, counted before anything launches.
+
+Pure Python: byte counts from the config fields, no torch (the tests check the parameter
+counts against the real model built on the meta device, and the whole estimate against
+the measured peak of CPU training steps: bench/plan_check.py).
+
+One row per backend x ZeRO stage x precision. Its peak is
+
+    peak = static + max(vae, forward_backward, step)
+
+static            resident parameters + optimizer states + persistent buffers
+vae               the frozen VAE encoding the image batch (no grad), before the forward
+forward_backward  the activations autograd saves for the whole model, at the start of
+                  backward (the logits' gradients are the widest point), plus the head's
+                  gradients, the gathered parameters of sharded engines and the 16-bit
+                  weight copies autocast makes
+step              every resident gradient, plus the optimizer's temporaries
+
+The phases are affine in the per-GPU batch, so the largest batch that fits is exact under
+the model. Byte counts per parameter (P = DALL-E parameters, N = GPUs):
+
+  single, torch, horovod, fsdp (Adam, fused, fp32 states):
+    fp32            params 4, grads 4, Adam exp_avg + exp_avg_sq 4 + 4
+    bf16 / fp16     the same 4 + 4 + 8: autocast keeps the fp32 weights as the master copy
+                    and fp32 gradients; it adds 2 bytes per Linear weight (the 16-bit
+                    copies autograd saves for backward, alive forward to backward).
+                    fp16's GradScaler adds only scalars.
+    fsdp            params, grads and Adam / N; plus the root module (embeddings, final
+                    norm, logits) unsharded from forward to the end of backward, and two
+                    transformer blocks unsharded at a time (the running one, the prefetched
+                    one), fp32 (no MixedPrecisionPolicy: autocast does the precision)
+    torch (DDP)     + gradient buckets, a copy of all fp32 gradients (gradient_as_bucket_view
+                    is off)
+    horovod         + the 64 MiB fusion buffer (HOROVOD_FUSION_THRESHOLD's default)
+  deepspeed (the whole model in the precision; no autocast):
+    params p = 2 (bf16 / fp16) or 4 (fp32) bytes, grads p, optimizer:
+    ZeRO 0, fp32    Adam 8 (torch's Adam runs as it is)
+    ZeRO 0, 16-bit  fp32 master 4 + Adam 8 (FP16_UnfusedOptimizer), and at the step an fp32
+                    copy of every gradient (4)
+    ZeRO 1-3        fp32 master partition 4 + Adam 8, / N (ZeRO clones an fp32 partition
+                    even in fp32); the step makes an fp32 copy of the local gradient
+                    partition (4 / N) in 16-bit
+    ZeRO 1          optimizer / N
+    ZeRO 2          + gradients / N
+    ZeRO 3          + parameters / N; a gathered unit (the largest submodule) plus the
+                    prefetch bucket (5e7 elements) in p bytes, and parameters under 1e5
+                    elements stay whole
+    buffers         ZeRO 1-3 allocate the reduce bucket, 5e8 elements of p bytes
+                    (contiguous_gradients); ZeRO 0 flattens up to 5e8 gradients to
+                    all-reduce them at the step
+  every backend     the frozen VAE's fp32 weights, whole on every GPU; each layer's cached
+                    n x n boolean mask on masked paths; 512 MiB of CUDA context on cuda.
+
+Activations are counted per layer for the path `--attn_impl` takes on the device
+(attention_path mirrors model/attention.py's resolve_impl); see layer_activation_bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dalle_dist.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dalle_dist.model.config import DALLEConfig, VAEConfig
+
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+DEVICES: tuple[str, ...] = ("cuda", "cpu")
+#: Backends in order of cost (communication volume, then set-up): the recommendation takes
+#: the first that fits. Horovod after DDP: it needs its own build (DESIGN.md).
+BACKEND_ORDER: tuple[tuple[str, int | None], ...] = (
+    ("single", None), ("torch", None), ("horovod", None), ("deepspeed", 0), ("deepspeed", 1),
+    ("deepspeed", 2), ("fsdp", None), ("deepspeed", 3))
+#: Of a GPU's memory, what a plan fills: the caching allocator's fragmentation and the
+#: cuBLAS / cuDNN workspaces take the rest.
+USABLE_FRACTION = 0.9
+CUDA_CONTEXT_BYTES = 512 * 2**20
+HOROVOD_FUSION_BYTES = 64 * 2**20
+DS_REDUCE_BUCKET = 500_000_000  # elements: reduce_bucket_size / allgather_bucket_size
+DS_PREFETCH_BUCKET = 50_000_000  # elements: stage3_prefetch_bucket_size
+DS_PERSISTENCE_THRESHOLD = 100_000  # elements: stage3_param_persistence_threshold
+CONV_GATHER_MIN_SIDE = 24  # model.attention.CONV_GATHER_MIN_SIDE (a test keeps them equal)
+SPARSE_BLOCK, SPARSE_LOCAL_BLOCKS = 16, 4  # model.patterns.SparsePattern
+
+
+# -- parameters ----------------------------------------------------------------------
+
+def dalle_parameter_shapes(c: DALLEConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter of DALLE(c), by name, as model/dalle.py and transformer.py build them."""
+    d, inner, ff = c.dim, c.heads * c.dim_head, c.dim * c.ff_mult
+    text_vocab = c.num_text_tokens + c.text_seq_len
+    shapes: dict[str, tuple[int, ...]] = {
+        "text_emb.weight": (text_vocab, d),
+        "text_pos_emb.weight": (c.text_seq_len + 1, d),
+        "image_emb.weight": (c.num_image_tokens, d),
+        "image_row_emb.weight": (c.image_fmap_size, d),
+        "image_col_emb.weight": (c.image_fmap_size, d),
+    }
+    for layer in range(c.depth):
+        p = f"transformer.blocks.{layer}."
+        shapes |= {
+            p + "attn_norm.weight": (d,), p + "attn_norm.bias": (d,),
+            p + "attn.to_qkv.weight": (3 * inner, d),
+            p + "attn.to_out.weight": (d, inner), p + "attn.to_out.bias": (d,),
+            p + "ff_norm.weight": (d,), p + "ff_norm.bias": (d,),
+            p + "ff.to_value.weight": (ff, d), p + "ff.to_value.bias": (ff,),
+            p + "ff.to_gate.weight": (ff, d), p + "ff.to_gate.bias": (ff,),
+            p + "ff.proj_out.weight": (d, ff), p + "ff.proj_out.bias": (d,),
+        }
+    vocab = text_vocab + c.num_image_tokens
+    return shapes | {"transformer.norm.weight": (d,), "transformer.norm.bias": (d,),
+                     "to_logits.weight": (vocab, d), "to_logits.bias": (vocab,)}
+
+
+def vae_parameter_shapes(v: VAEConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter of DiscreteVAE(v), by name, as model/vae.py builds it."""
+    h, shapes = v.hidden_dim, {}
+
+    def conv(name: str, out: int, inp: int, k: int) -> None:
+        shapes[f"{name}.weight"], shapes[f"{name}.bias"] = (out, inp, k, k), (out,)
+
+    def resblock(name: str) -> None:
+        for i, k in ((0, 3), (2, 3), (4, 1)):
+            conv(f"{name}.net.{i}", h, h, k)
+
+    in_ch = v.channels
+    for layer in range(v.num_layers):
+        conv(f"encoder.{2 * layer}", h, in_ch, 4)
+        in_ch = h
+    for r in range(v.num_resnet_blocks):
+        resblock(f"encoder.{2 * v.num_layers + r}")
+    conv(f"encoder.{2 * v.num_layers + v.num_resnet_blocks}", v.num_tokens, h, 1)
+    conv("decoder.0", h, v.codebook_dim, 1)
+    for r in range(v.num_resnet_blocks):
+        resblock(f"decoder.{1 + r}")
+    for layer in range(v.num_layers):
+        # ConvTranspose2d stores (in, out, k, k); here in == out == hidden.
+        conv(f"decoder.{1 + v.num_resnet_blocks + 2 * layer}", h, h, 4)
+    conv(f"decoder.{1 + v.num_resnet_blocks + 2 * v.num_layers}", v.channels, h, 1)
+    shapes["codebook.weight"] = (v.num_tokens, v.codebook_dim)
+    return shapes
+
+
+def numel(shapes: Iterable[tuple[int, ...]]) -> int:
+    return sum(math.prod(s) for s in shapes)
+
+
+def matmul_weights(c: DALLEConfig) -> int:
+    """Elements of every Linear weight (blocks and logits): under autocast autograd keeps a
+    16-bit copy of each from forward to its backward (biases are cast but not kept)."""
+    return numel(s for name, s in dalle_parameter_shapes(c).items()
+                 if name.endswith(".weight") and (".attn.to_" in name or ".ff." in name
+                                                  or name.startswith("to_logits")))
+
+
+def dalle_parameters(c: DALLEConfig) -> int:
+    return numel(dalle_parameter_shapes(c).values())
+
+
+def vae_parameters(v: VAEConfig) -> int:
+    return numel(vae_parameter_shapes(v).values())
+
+
+# -- attention paths -----------------------------------------------------------------
+
+def attention_path(pattern: str, device: str, fmap_size: int, attn_impl: str = "auto") -> str:
+    """The path model/attention.py's resolve_impl takes (a test keeps the two equal)."""
+    if attn_impl == "auto":
+        if pattern == "full":
+            return "sdpa"
+        if device == "cuda":
+            return "flex"
+        if pattern == "sparse":
+            return "sdpa"
+        if pattern == "conv_like":
+            return "gather" if fmap_size >= CONV_GATHER_MIN_SIDE else "sdpa"
+        return "gather"
+    if attn_impl == "gather" and pattern == "full":
+        return "sdpa"
+    return attn_impl
+
+
+def _band_keys(c: DALLEConfig, pattern: str) -> tuple[int, int]:
+    """(lines gathered per grid line, keys per image query) of band_gather."""
+    s, text = c.image_fmap_size, c.text_seq_len + 1
+    band = c.conv_kernel_size // 2 * c.conv_dilation + 1 if pattern == "conv_like" else 1
+    return band, text + band * s
+
+
+def _sparse_width(c: DALLEConfig, seq_len: int) -> tuple[int, int]:
+    """(query blocks, an upper bound of key blocks per query block) of block_gather."""
+    blocks = math.ceil(seq_len / SPARSE_BLOCK)
+    random_blocks = (c.sparse_random_blocks if c.sparse_random_blocks is not None
+                     else blocks // 4)
+    text_blocks = math.ceil((c.text_seq_len + 1) / SPARSE_BLOCK)
+    return blocks, min(blocks, text_blocks + SPARSE_LOCAL_BLOCKS + random_blocks)
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """Bytes of the tensors a precision mode makes.
+
+    residual: the residual stream and LayerNorm inputs; compute: matmul inputs and outputs;
+    loss: logits' log-softmax (cross_entropy runs in fp32 under autocast).
+    """
+
+    residual: int
+    compute: int
+    loss: int
+    autocast: bool
+
+    @classmethod
+    def of(cls, precision: str, whole_model: bool) -> Dtypes:
+        if precision == "fp32":
+            return cls(4, 4, 4, False)
+        if whole_model:  # DeepSpeed casts the model: everything 16-bit
+            return cls(2, 2, 2, False)
+        return cls(4, 2, 4, True)
+
+
+def layer_activation_bytes(c: DALLEConfig, path: str, pattern: str, t: Dtypes,
+                           device: str = "cuda") -> tuple[int, int]:
+    """(bytes per sample, bytes per layer independent of the batch) autograd saves in one
+    transformer block, as measured with saved-tensor hooks on CPU (n tokens, d = dim,
+    i = heads x dim_head, f = ff_mult x dim, r / c = residual / compute bytes):
+
+      attn_norm input x (r d), its output as the qkv input (c d), qkv (3 c i: q, k and v
+      are views of it), the attention output, which is also to_out's input (c i: SDPA
+      writes it token-major, so the transpose + reshape is a view), x after attention
+      (r d), ff_norm output as the input of to_value and to_gate (c d; 2 c d under
+      autocast, which casts it once per Linear), value, gate, gelu(gate) and their product
+      (4 c f), two LayerNorms' mean and rstd (16), the fused kernel's logsumexp (4 x heads).
+    Path extras: `sdpa` with a mask keeps the mask as an n x n float (per layer, not per
+    sample); `flex` writes its output head-major (to_out copies it: + c i); `dense` keeps
+    copies of q, k and v for its einsums instead of qkv's output, no logsumexp, and
+    softmax(QK^T) (heads x n x n; on CUDA autocast runs it in fp32, then casts it);
+    `gather` runs SDPA's math path, upcast to fp32, on each grid line: scaled q and k, v
+    and the probabilities over the band's keys, plus the causal text part's output and
+    logsumexp; for `sparse` the key blocks per query block are an upper bound.
+    """
+    n, d, h, dh = _seq_len(c), c.dim, c.heads, c.dim_head
+    i, f = h * dh, c.dim * c.ff_mult
+    r, k = t.residual, t.compute
+    per_token = (r * d + k * d + 3 * k * i + k * i + r * d
+                 + (2 if t.autocast else 1) * k * d + 4 * k * f + 16)
+    per_sample, per_layer = per_token * n, 0
+    if path == "sdpa":
+        per_sample += 4 * h * n
+        if pattern != "full":
+            per_layer = n * n * k
+    elif path == "flex":
+        per_sample += (k * i + 4 * h) * n
+    elif path == "dense":
+        # Its q, k, v copies stand in for qkv's output; CUDA's autocast runs softmax in fp32.
+        per_sample += h * n * n * (4 + k if t.autocast and device == "cuda" else k)
+    elif path == "gather" and pattern == "sparse":
+        blocks, width = _sparse_width(c, n)
+        bs, m = SPARSE_BLOCK, 4
+        per_sample += m * h * blocks * bs * (dh + 2 * width * dh + width * bs)
+        per_layer = blocks * bs * width * bs * m
+    elif path == "gather":
+        s, text = c.image_fmap_size, c.text_seq_len + 1
+        _, keys = _band_keys(c, pattern)
+        m = 4  # math SDPA upcasts 16-bit inputs to fp32
+        per_sample += h * text * (k * dh + 4)
+        per_sample += m * h * (s * s * dh + 2 * s * keys * dh + s * s * keys)
+    else:
+        raise ConfigError(f"unknown attention path {path!r}")
+    return per_sample, per_layer
+
+
+def _seq_len(c: DALLEConfig) -> int:
+    return c.text_seq_len + 1 + c.image_fmap_size**2 - 1
+
+
+def layer_paths(c: DALLEConfig, device: str, attn_impl: str) -> list[tuple[str, str]]:
+    """(pattern, path) of every layer: attn_types cycles over the depth."""
+    patterns = [c.attn_types[i % len(c.attn_types)] for i in range(c.depth)]
+    return [(p, attention_path(p, device, c.image_fmap_size, attn_impl)) for p in patterns]
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Bytes of one GPU's training step that scale with its batch, and those that don't."""
+
+    per_sample: int  # saved activations + the widest backward moment, per sample
+    fixed: int  # saved n x n masks (per masked layer, any batch)
+    vae_per_sample: int  # the VAE phase, per image (vae_activation_bytes)
+    masks_cached: int  # each masked layer's boolean mask, built once and kept
+
+
+def activations(c: DALLEConfig, v: VAEConfig, precision: str, device: str = "cuda",
+                attn_impl: str = "auto", whole_model: bool = False) -> Activations:
+    """The activation model of one training step (see layer_activation_bytes for a layer).
+
+    Around the layers: the embeddings' sum (the first layer's input, counted there), the
+    final norm's input (r d) and stats (8), its output copied as the logits' input (c d),
+    and the log-softmax of the logits, each position over its own vocabulary only (text
+    positions over text + padding tokens, image positions over the codebook; Lt and Li
+    elements), in fp32 under autocast.
+    Backward then adds, at its widest: either the widest logits branch's two gradients (the
+    log-softmax's and the logits', 2 x max(Lt, Li)), or, in the last layer's feed-forward,
+    the gradients of value and gelu(gate) next to the product's (2 c f, the product itself
+    already freed) and the residual stream's (r d), per token. The larger is taken.
+    """
+    t = Dtypes.of(precision, whole_model)
+    n, d, f = _seq_len(c), c.dim, c.dim * c.ff_mult
+    per_sample = fixed = masks = 0
+    for pattern, path in layer_paths(c, device, attn_impl):
+        s, layer = layer_activation_bytes(c, path, pattern, t, device)
+        per_sample, fixed = per_sample + s, fixed + layer
+        if path in ("sdpa", "dense") and pattern != "full":
+            masks += n * n
+    per_sample += (t.residual * d + 8 + t.compute * d) * n
+    text_logits = c.text_seq_len * (c.num_text_tokens + c.text_seq_len)
+    image_logits = c.image_fmap_size**2 * c.num_image_tokens
+    per_sample += t.loss * (text_logits + image_logits)
+    logits_backward = 2 * t.loss * max(text_logits, image_logits)
+    last_layer = (2 * t.compute * f + t.residual * d) * n
+    per_sample += max(logits_backward, last_layer)
+    return Activations(per_sample, fixed, vae_activation_bytes(v, device), masks)
+
+
+def vae_activation_bytes(v: VAEConfig, device: str = "cuda") -> int:
+    """Per image, get_codebook_indices under no_grad (fp32), at its widest step.
+
+    The image and its [-1, 1] copy stay referenced through the encoder (the copy is the
+    call's argument). A conv holds its input and output, a ReLU its input and output, a
+    ResBlock its input and two maps; on CPU each conv also makes a blocked-layout copy of
+    the larger of its input and output (oneDNN's reorder). The int64 indices end it.
+    """
+    side, h = v.image_size, v.hidden_dim
+    image = v.channels * side * side * 4
+    reorder = 1 if device == "cpu" else 0
+    widest, prev = 0, image  # beyond the image and its copy
+    for layer in range(v.num_layers):
+        side //= 2
+        out = h * side * side * 4
+        held_input = 0 if layer == 0 else prev  # the first conv reads the copy itself
+        widest = max(widest, held_input + out + reorder * max(prev, out), 2 * out)
+        prev = out
+    if v.num_resnet_blocks:
+        widest = max(widest, (3 + reorder) * prev)
+    logits = v.num_tokens * side * side * 4
+    widest = max(widest, prev + logits + reorder * max(prev, logits), logits + 8 * side**2)
+    return 2 * image + widest
+
+
+# -- rows ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Row:
+    """One backend x ZeRO stage x precision, on one GPU of `gpus`.
+
+    Byte columns are each component's own maximum; `peak` is the modelled high-water mark
+    (not their sum: gradients fill as activations are freed). `items` names every term.
+    """
+
+    backend: str
+    zero_stage: int | None
+    precision: str
+    gpus: int
+    micro_batch: int
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    buffers: int
+    peak: int
+    static: int
+    phases: tuple[tuple[str, int, int], ...]  # (phase, bytes at any batch, bytes per sample)
+    items: dict[str, int] = field(default_factory=dict, compare=False)
+
+    @property
+    def label(self) -> str:
+        names = {"single": "single GPU", "torch": "torch DDP", "fsdp": "FSDP",
+                 "horovod": "Horovod"}
+        if self.backend == "deepspeed":
+            return f"DeepSpeed ZeRO-{self.zero_stage}"
+        return names[self.backend]
+
+    def peak_at(self, micro_batch: int) -> int:
+        return self.static + max(c + k * micro_batch for _, c, k in self.phases)
+
+    def max_micro_batch(self, budget: int) -> int:
+        """The largest per-GPU batch whose peak fits in `budget` bytes (0: none)."""
+        room = budget - self.static
+        best: float = math.inf
+        for _, const, per_sample in self.phases:
+            if const > room:
+                return 0
+            if per_sample:
+                best = min(best, (room - const) // per_sample)
+        return int(best) if best != math.inf else 2**31
+
+    def max_batch(self, budget: int) -> int:
+        """The largest global batch (a multiple of the GPUs) that fits."""
+        return self.max_micro_batch(budget) * self.gpus
+
+
+def _deepspeed_states(stage: int, p_bytes: int, params: int, n: int) -> tuple[int, int, int]:
+    """(params, grads, optimizer) resident bytes of one rank under ZeRO `stage`."""
+    optimizer = 8 * params if stage == 0 and p_bytes == 4 else 12 * params
+    return (p_bytes * params // (n if stage == 3 else 1),
+            p_bytes * params // (n if stage >= 2 else 1),
+            optimizer // (n if stage >= 1 else 1))
+
+
+def estimate(config: DALLEConfig, batch: int, gpus: int, *, vae: VAEConfig | None = None,
+             precisions: Sequence[str] = PRECISIONS, device: str = "cuda",
+             attn_impl: str = "auto") -> list[Row]:
+    """Memory per GPU of every backend x ZeRO stage x precision for a global `batch` split
+    over `gpus` (the `single` row holds the whole batch on one GPU)."""
+    if vae is None:
+        from dalle_dist.model.config import VAEConfig
+
+        vae = VAEConfig(image_size=config.image_fmap_size * 4, num_tokens=config.num_image_tokens)
+    check_plan(batch, gpus, precisions, device)
+    rows = []
+    for precision in precisions:
+        for backend, stage in BACKEND_ORDER:
+            n = 1 if backend == "single" else gpus
+            rows.append(_row(config, vae, backend, stage, precision, n, batch // n, device,
+                             attn_impl))
+    return rows
+
+
+def check_plan(batch: int, gpus: int, precisions: Sequence[str], device: str) -> None:
+    if gpus <= 0:
+        raise ConfigError(f"--gpus must be positive, got {gpus}")
+    if batch <= 0:
+        raise ConfigError(f"--batch_size must be positive, got {batch}")
+    if batch % gpus:
+        lower = max(gpus, batch // gpus * gpus)
+        raise ConfigError(f"--batch_size {batch} is the global batch and must be a multiple "
+                          f"of the {gpus} GPUs", f"use --batch_size {lower} or {lower + gpus}")
+    for precision in precisions:
+        if precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision {precision!r}", f"valid: {', '.join(PRECISIONS)}")
+    if device not in DEVICES:
+        raise ConfigError(f"unknown device {device!r}", f"valid: {', '.join(DEVICES)}")
+
+
+@dataclass
+class _States:
+    """What one rank keeps of the model's training state, in bytes."""
+
+    params: int
+    grads: int
+    optimizer: int
+    buffers: dict[str, int]  # persistent: allocated once, kept through every step
+    gathered: int = 0  # unsharded parameters (and gradients) of sharded engines, fwd + bwd
+    step_temporaries: int = 0  # allocated by the optimizer step only
+
+
+def _states(c: DALLEConfig, backend: str, stage: int | None, p_bytes: int, n: int) -> _States:
+    shapes = dalle_parameter_shapes(c)
+    params = numel(shapes.values())
+    block = numel(s for name, s in shapes.items() if name.startswith("transformer.blocks.0."))
+    if backend == "deepspeed":
+        stage = stage or 0
+        p, g, opt = _deepspeed_states(stage, p_bytes, params, n)
+        state = _States(p, g, opt, {})
+        if stage >= 1:
+            state.buffers["reduce_bucket"] = DS_REDUCE_BUCKET * p_bytes
+            state.step_temporaries = 4 * params // n if p_bytes == 2 else 0
+        elif p_bytes == 2:
+            state.step_temporaries = 4 * params  # fp32 copies of the gradients at the step
+        else:
+            state.step_temporaries = min(params, DS_REDUCE_BUCKET) * p_bytes  # flattened
+        if stage == 3:
+            sizes = [math.prod(s) for s in shapes.values()]
+            small = sum(x for x in sizes if x < DS_PERSISTENCE_THRESHOLD)
+            state.params += small * p_bytes * (n - 1) // n
+            state.gathered = (max(block, *sizes) + min(DS_PREFETCH_BUCKET, params)) * p_bytes
+        return state
+    if backend == "fsdp":
+        # The root unit (all but the blocks) stays gathered from forward to the end of
+        # backward, with its unsharded gradients; two blocks are gathered at a time, and
+        # one block's gradients wait for their reduce-scatter.
+        root = params - c.depth * block
+        return _States(4 * params // n, 4 * params // n, 8 * params // n, {},
+                       gathered=4 * (2 * root + 3 * block))
+    buffers = {"torch": {"ddp_buckets": 4 * params},
+               "horovod": {"fusion_buffer": HOROVOD_FUSION_BYTES}}.get(backend, {})
+    return _States(4 * params, 4 * params, 8 * params, dict(buffers))
+
+
+def _row(c: DALLEConfig, v: VAEConfig, backend: str, stage: int | None, precision: str,
+         n: int, micro: int, device: str, attn_impl: str) -> Row:
+    ds = backend == "deepspeed"
+    p_bytes = 2 if ds and precision != "fp32" else 4
+    state = _states(c, backend, stage, p_bytes, n)
+    acts = activations(c, v, precision, device, attn_impl, whole_model=ds)
+    shapes = dalle_parameter_shapes(c)
+    head = numel((shapes["to_logits.weight"], shapes["to_logits.bias"]))
+    autocast_copies = 2 * matmul_weights(c) if precision != "fp32" and not ds else 0
+    head_grads = 0 if backend == "fsdp" else head * p_bytes  # fsdp: in `gathered`
+    resident = {"vae_params": 4 * vae_parameters(v), "attention_masks": acts.masks_cached,
+                **state.buffers}
+    if device == "cuda":
+        resident["cuda_context"] = CUDA_CONTEXT_BYTES
+    # On CPU the loader's image batch is the model's input and stays referenced all step.
+    image = v.channels * v.image_size**2 * 4 if device == "cpu" else 0
+    static = state.params + state.optimizer + sum(resident.values())
+    phases = (
+        ("vae", 0, acts.vae_per_sample),
+        ("forward_backward", acts.fixed + head_grads + state.gathered + autocast_copies,
+         acts.per_sample + image),
+        ("step", state.grads + state.step_temporaries, image),
+    )
+    transient = {"gathered_params": state.gathered, "autocast_weight_copies": autocast_copies,
+                 "step_temporaries": state.step_temporaries, "image_batch": image * micro}
+    buffers = {**resident, **{k: x for k, x in transient.items() if x}}
+    activation_bytes = acts.fixed + acts.per_sample * micro
+    return Row(backend, stage, precision, n, micro, params=state.params, grads=state.grads,
+               optimizer=state.optimizer, activations=activation_bytes,
+               buffers=sum(buffers.values()),
+               peak=static + max(const + per * micro for _, const, per in phases),
+               static=static, phases=phases,
+               items={"params": state.params, "grads": state.grads,
+                      "optimizer": state.optimizer, "activations": activation_bytes,
+                      "vae_activations": acts.vae_per_sample * micro, **buffers})
+
+
+# -- recommendation ------------------------------------------------------------------
+
+def recommend(rows: Sequence[Row], gpu_memory_bytes: int,
+              usable_fraction: float = USABLE_FRACTION) -> str:
+    """One sentence per precision (bf16 first): the cheapest backend that fits the batch,
+    the largest batch it takes, and the backend that goes further."""
+    budget = int(gpu_memory_bytes * usable_fraction)
+    if not rows:
+        return "nothing to recommend"
+    gpus = max(r.gpus for r in rows)
+    batch = next(r.micro_batch * r.gpus for r in rows)
+    order = {key: i for i, key in enumerate(BACKEND_ORDER)}
+    advice: dict[str, list[str]] = {}  # sentence -> the precisions it holds for
+    for precision in sorted({r.precision for r in rows}, key=("bf16", "fp16", "fp32").index):
+        chain = sorted((r for r in rows if r.precision == precision and
+                        (r.gpus == gpus or gpus == 1)),
+                       key=lambda r: order[(r.backend, r.zero_stage)])
+        advice.setdefault(_sentence(chain, batch, gpus, gpu_memory_bytes, budget), []).append(
+            precision)
+    return " ".join(f"{' / '.join(names)}: {text}" for text, names in advice.items())
+
+
+def _sentence(chain: list[Row], batch: int, gpus: int, memory: int, budget: int) -> str:
+    where = f"{gpus} x {format_bytes(memory, si=True)}"
+    fits = [r for r in chain if r.max_batch(budget) >= batch]
+    if not fits:
+        best = max(chain, key=lambda r: r.max_batch(budget))
+        largest = best.max_batch(budget)
+        if largest == 0:
+            least = min(chain, key=lambda r: r.peak_at(1))
+            return (f"does not fit on {where} even with ZeRO-3 (the leanest, {least.label}, "
+                    f"needs {format_bytes(least.peak_at(1))} per GPU at batch {least.gpus}).")
+        return (f"batch {batch} does not fit on {where} even with ZeRO-3; the largest that "
+                f"fits is {largest}, with {best.label}.")
+    first = fits[0]
+    top = first.max_batch(budget)
+    text = f"fits with {first.label} up to batch {top}"
+    if first is not chain[0]:
+        text += f" ({chain[0].label}: up to {chain[0].max_batch(budget)})"
+    further = [r for r in chain[chain.index(first) + 1:] if r.max_batch(budget) > top]
+    if further:
+        nxt = further[0]
+        text += f"; {nxt.label} above that (up to {nxt.max_batch(budget)})"
+        best = max(further, key=lambda r: r.max_batch(budget))
+        if best.max_batch(budget) > nxt.max_batch(budget):
+            text += f"; at most {best.max_batch(budget)}, with {best.label}"
+    return text + "."
+
+
+# -- units ---------------------------------------------------------------------------
+
+_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "KIB": 2**10, "M": 10**6, "MB": 10**6,
+          "MIB": 2**20, "G": 10**9, "GB": 10**9, "GIB": 2**30, "T": 10**12, "TB": 10**12,
+          "TIB": 2**40}
+
+
+def parse_memory(text: str) -> int:
+    """"80GB", "40GiB", "24G", "16000MB" -> bytes. GB, MB and a bare G are decimal (a card
+    sold as 80 GB holds at least 80e9 bytes); GiB and MiB binary. A unit is required."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).upper() if match else ""
+    if not match or unit not in _UNITS or unit in ("", "B"):
+        raise ConfigError(f"--gpu_memory {text!r} is not a memory size",
+                          "give a number and a unit, e.g. 80GB, 40GiB, 24G or 16000MB")
+    value = float(match.group(1)) * _UNITS[unit]
+    if value <= 0:
+        raise ConfigError(f"--gpu_memory must be positive, got {text!r}")
+    return int(value)
+
+
+def format_bytes(count: float, si: bool = False) -> str:
+    """1.5 GiB, 300 MiB (binary), or 80 GB with si."""
+    base, names = (1000, ("B", "KB", "MB", "GB", "TB")) if si else (
+        1024, ("B", "KiB", "MiB", "GiB", "TiB"))
+    value, unit = float(count), names[0]
+    for unit in names:
+        if abs(value) < base or unit == names[-1]:
+            break
+        value /= base
+    return f"{value:.0f} {unit}" if unit == "B" or value >= 100 else f"{value:.3g} {unit}"

@@ -1,0 +1,308 @@
+"""`dalle-dist plan`: the memory estimate against the real model and real training steps.
+
+- parameter shapes are the meta-device model's, name for name;
+- each layer's activation bytes are what autograd saves (saved-tensor hooks), exactly,
+  for every path `--attn_impl auto` takes on CPU;
+- the `single` row's peak is within 25% of the measured peak RSS of CPU training steps
+  (bench/plan_check.py --quick, three configs, about 20 s);
+- the rows, the recommendation, --gpu_memory parsing and the command's output and errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dalle_dist import plan
+from dalle_dist.model import ATTN_IMPLS, DALLE, PATTERNS, DALLEConfig, DiscreteVAE, VAEConfig
+from dalle_dist.model.attention import CONV_GATHER_MIN_SIDE, resolve_impl
+from dalle_dist.model.patterns import SequenceLayout, SparsePattern, build_pattern
+from tests.conftest import assert_user_error
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def dalle_config(**overrides: object) -> DALLEConfig:
+    values: dict = dict(num_text_tokens=257, text_seq_len=48, num_image_tokens=128,
+                        image_fmap_size=8, dim=128, depth=2, heads=4, dim_head=32)
+    return DALLEConfig(**{**values, **overrides})
+
+
+# -- parameters ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"dim": 96, "depth": 5, "heads": 3, "dim_head": 40, "ff_mult": 2, "text_seq_len": 17,
+     "num_text_tokens": 1000, "num_image_tokens": 512, "image_fmap_size": 16,
+     "attn_types": ("full", "axial_row", "axial_col", "conv_like", "sparse")},
+])
+def test_dalle_parameters_are_the_meta_models(overrides: dict) -> None:
+    config = dalle_config(**overrides)
+    with torch.device("meta"):
+        model = DALLE(config)
+    real = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert plan.dalle_parameter_shapes(config) == real
+    assert plan.dalle_parameters(config) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("config", [
+    VAEConfig(),
+    VAEConfig(image_size=256, num_tokens=8192, codebook_dim=512, num_layers=3,
+              num_resnet_blocks=2, hidden_dim=256),
+    VAEConfig(image_size=64, num_layers=4, num_resnet_blocks=0, hidden_dim=32, channels=1),
+])
+def test_vae_parameters_are_the_meta_models(config: VAEConfig) -> None:
+    with torch.device("meta"):
+        model = DiscreteVAE(config)
+    real = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert plan.vae_parameter_shapes(config) == real
+    assert plan.vae_parameters(config) == sum(p.numel() for p in model.parameters())
+
+
+# -- attention paths and activations -------------------------------------------------
+
+def test_attention_path_is_resolve_impls() -> None:
+    assert plan.CONV_GATHER_MIN_SIDE == CONV_GATHER_MIN_SIDE
+    assert (plan.SPARSE_BLOCK, plan.SPARSE_LOCAL_BLOCKS) == (
+        SparsePattern.BLOCK, SparsePattern.LOCAL_WINDOW_BLOCKS)
+    for name in PATTERNS:
+        pattern = build_pattern(name)
+        for device in plan.DEVICES:
+            for impl in ATTN_IMPLS:
+                for side in (8, CONV_GATHER_MIN_SIDE - 1, CONV_GATHER_MIN_SIDE, 32):
+                    layout = SequenceLayout(text_len=9, fmap_size=side)
+                    expected = resolve_impl(impl, pattern, torch.device(device), layout)
+                    assert plan.attention_path(name, device, side, impl) == expected, (
+                        name, device, impl, side)
+
+
+def saved_bytes(config: DALLEConfig, precision: str, batch: int) -> int:
+    """Bytes autograd saves in a forward (unique storages, parameters excluded)."""
+    model = DALLE(config)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    text = torch.randint(1, config.num_text_tokens, (batch, config.text_seq_len))
+    tokens = torch.randint(0, config.num_image_tokens, (batch, config.image_seq_len))
+    dtype = torch.bfloat16 if precision == "bf16" else None
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            model(text, tokens)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize(("pattern", "precision", "side", "batch"), [
+    ("full", "fp32", 8, 4), ("full", "bf16", 8, 4), ("axial_row", "fp32", 8, 3),
+    ("axial_col", "bf16", 8, 2), ("sparse", "fp32", 8, 2), ("conv_like", "bf16", 8, 2),
+    ("conv_like", "fp32", CONV_GATHER_MIN_SIDE, 1),
+])
+def test_layer_activations_are_what_autograd_saves(pattern: str, precision: str, side: int,
+                                                   batch: int) -> None:
+    """One more layer adds exactly the modelled bytes (its 16-bit weight copies aside)."""
+    torch.manual_seed(0)
+    one = dalle_config(depth=1, image_fmap_size=side, attn_types=(pattern,))
+    two = dalle_config(depth=2, image_fmap_size=side, attn_types=(pattern,))
+    measured = saved_bytes(two, precision, batch) - saved_bytes(one, precision, batch)
+    if precision != "fp32":
+        measured -= 2 * (plan.matmul_weights(two) - plan.matmul_weights(one))
+    path = plan.attention_path(pattern, "cpu", side)
+    per_sample, per_layer = plan.layer_activation_bytes(
+        one, path, pattern, plan.Dtypes.of(precision, whole_model=False), "cpu")
+    assert per_sample * batch + per_layer == measured, path
+
+
+def test_estimate_is_within_25_percent_of_measured_cpu_peaks() -> None:
+    """The `single` row against three real training steps' peak memory (RSS, CPU)."""
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("needs Linux /proc to reset and read the peak resident set")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "plan_check.py"), "--quick"],
+                         capture_output=True, text=True, timeout=300, check=True)
+    results = json.loads(out.stdout)["results"]
+    assert len(results) == 3
+    for r in results:
+        assert "error" not in r, r["error"]
+        assert 0.75 <= r["estimated"] / r["measured"] <= 1.25, r
+
+
+# -- rows ----------------------------------------------------------------------------
+
+def big_config() -> DALLEConfig:
+    return dalle_config(dim=1024, depth=24, heads=16, dim_head=64, text_seq_len=256,
+                        num_text_tokens=10000, num_image_tokens=8192, image_fmap_size=32)
+
+
+def test_rows_shard_as_their_backend_does() -> None:
+    config = big_config()
+    params = plan.dalle_parameters(config)
+    rows = {(r.backend, r.zero_stage, r.precision): r
+            for r in plan.estimate(config, batch=64, gpus=8)}
+    assert len(rows) == len(plan.PRECISIONS) * len(plan.BACKEND_ORDER)
+    single, ddp = rows[("single", None, "fp32")], rows[("torch", None, "fp32")]
+    assert (single.gpus, single.micro_batch, ddp.gpus, ddp.micro_batch) == (1, 64, 8, 8)
+    assert (ddp.params, ddp.grads, ddp.optimizer) == (4 * params, 4 * params, 8 * params)
+    assert ddp.items["ddp_buckets"] == 4 * params
+    assert rows[("horovod", None, "fp32")].items["fusion_buffer"] == 64 * 2**20
+    fsdp = rows[("fsdp", None, "bf16")]
+    assert (fsdp.params, fsdp.optimizer) == (4 * params // 8, 8 * params // 8)
+    assert rows[("torch", None, "bf16")].items["autocast_weight_copies"] > 0
+    zero = [rows[("deepspeed", stage, "bf16")] for stage in range(4)]
+    assert zero[0].params == 2 * params and zero[0].optimizer == 12 * params
+    assert zero[1].optimizer == 12 * params // 8 and zero[1].grads == 2 * params
+    assert zero[2].grads == 2 * params // 8 and zero[2].params == 2 * params
+    assert zero[3].params < zero[2].params
+    assert [z.params + z.grads + z.optimizer for z in zero] == sorted(
+        (z.params + z.grads + z.optimizer for z in zero), reverse=True)
+    # 16-bit activations (DeepSpeed casts the model) and autocast's are smaller than fp32's.
+    assert zero[0].activations < ddp.activations
+    assert rows[("torch", None, "bf16")].activations < ddp.activations
+
+
+def test_peak_is_affine_per_phase_and_max_batch_is_exact() -> None:
+    rows = plan.estimate(big_config(), batch=16, gpus=4, precisions=("bf16",))
+    budget = 40 * 2**30
+    for row in rows:
+        assert row.peak_at(row.micro_batch) == row.peak
+        assert row.peak <= row.params + row.grads + row.optimizer + row.activations + \
+            row.buffers + row.items["vae_activations"]
+        top = row.max_micro_batch(budget)
+        if top:
+            assert row.peak_at(top) <= budget < row.peak_at(top + 1)
+        assert row.max_batch(budget) == top * row.gpus
+
+
+def test_attention_pattern_and_device_change_activations() -> None:
+    config = dalle_config(image_fmap_size=32, attn_types=("axial_row",))
+    vae = VAEConfig(image_size=128)
+    cpu = plan.activations(config, vae, "fp32", device="cpu")
+    cuda = plan.activations(config, vae, "fp32", device="cuda")
+    dense = plan.activations(config, vae, "fp32", device="cuda", attn_impl="dense")
+    assert cuda.per_sample < cpu.per_sample < dense.per_sample  # flex < band gather < n x n
+    masked = plan.activations(dalle_config(attn_types=("sparse",)), vae, "fp32", "cpu")
+    n = 48 + 64
+    assert (masked.fixed, masked.masks_cached) == (2 * 4 * n * n, 2 * n * n)
+
+
+def test_recommend() -> None:
+    gb = 10**9
+    small = plan.estimate(dalle_config(), batch=64, gpus=8)
+    text = plan.recommend(small, 80 * gb)
+    assert text.startswith("bf16 / fp16: fits with torch DDP up to batch ")
+    assert "fp32: fits with torch DDP" in text
+
+    rows = plan.estimate(big_config(), batch=64, gpus=8, precisions=("bf16",))
+    budget = int(80 * gb * plan.USABLE_FRACTION)
+    ddp = next(r for r in rows if r.backend == "torch")
+    text = plan.recommend(rows, 80 * gb)
+    if ddp.max_batch(budget) >= 64:
+        assert text.startswith(f"bf16: fits with torch DDP up to batch {ddp.max_batch(budget)}")
+    else:
+        assert f"(torch DDP: up to {ddp.max_batch(budget)})" in text
+
+    huge = dalle_config(dim=4096, depth=64, heads=32, dim_head=128)
+    text = plan.recommend(plan.estimate(huge, batch=2, gpus=2, precisions=("bf16",)), 24 * gb)
+    assert text.startswith("bf16: does not fit on 2 x 24 GB even with ZeRO-3")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("80GB", 80 * 10**9), ("40GiB", 40 * 2**30), ("24G", 24 * 10**9),
+    ("16000MB", 16 * 10**9), ("1.5 TiB", int(1.5 * 2**40)), ("80gb", 80 * 10**9),
+])
+def test_parse_memory(text: str, expected: int) -> None:
+    assert plan.parse_memory(text) == expected
+
+
+@pytest.mark.parametrize("text", ["80", "abc", "0GB", "80XB", "GB", "-4GB"])
+def test_parse_memory_refuses(text: str) -> None:
+    with pytest.raises(plan.ConfigError, match="--gpu_memory"):
+        plan.parse_memory(text)
+
+
+def test_plan_module_does_not_import_torch() -> None:
+    code = "import sys, dalle_dist.plan; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
+# -- the command ---------------------------------------------------------------------
+
+def plan_main(args: list[str]) -> int:
+    """dalle_dist.cli.main with `plan` registered (cli/__init__.py may not list it yet)."""
+    import dalle_dist.cli as cli
+    from dalle_dist.cli.parser import subcommand_parser
+    from dalle_dist.cli.plan_cmd import add_plan
+
+    original = cli.build_parser
+
+    def build() -> argparse.ArgumentParser:
+        parser = original()
+        if subcommand_parser(parser, "plan") is None:
+            for action in parser._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    add_plan(action)
+        return parser
+
+    cli.build_parser = build
+    try:
+        return cli.main(["plan", *args])
+    finally:
+        cli.build_parser = original
+
+
+def test_plan_prints_a_table_and_a_recommendation(capsys: pytest.CaptureFixture[str]) -> None:
+    assert plan_main(["--gpus", "8", "--batch_size", "64", "--gpu_memory", "80GB"]) == 0
+    out = capsys.readouterr().out
+    assert "backend" in out and "max batch" in out
+    assert "deepspeed ZeRO-3" in out and "fsdp" in out and "horovod" in out
+    assert out.strip().splitlines()[-1].startswith("recommendation: bf16 / fp16: fits with")
+
+
+def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert plan_main(["--json", "--precision", "bf16", "--gpus", "2", "--batch_size", "8",
+                      "--attn_types", "full,axial_row", "--device", "cpu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["version"] == 1
+    assert {"model", "parameters", "sequence", "layers", "batch_size", "gpus",
+            "gpu_memory_bytes", "usable_bytes", "device", "rows",
+            "recommendation"} <= set(report)
+    assert report["layers"] == [{"pattern": "full", "path": "sdpa"},
+                                {"pattern": "axial_row", "path": "gather"},
+                                {"pattern": "full", "path": "sdpa"},
+                                {"pattern": "axial_row", "path": "gather"}]
+    assert len(report["rows"]) == len(plan.BACKEND_ORDER)
+    row = report["rows"][1]
+    assert {"backend", "zero_stage", "precision", "gpus", "micro_batch", "params", "grads",
+            "optimizer", "activations", "buffers", "peak", "fits", "max_batch",
+            "items"} <= set(row)
+    assert (row["backend"], row["precision"], row["micro_batch"]) == ("torch", "bf16", 4)
+    assert report["parameters"]["dalle"] == plan.dalle_parameters(
+        DALLEConfig.from_dict(report["model"]["dalle"]))
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--gpu_memory", "80"], "--gpu_memory"),
+    (["--gpus", "8", "--batch_size", "30"], "multiple of the 8 GPUs"),
+    (["--attn_types", "full,nope"], "unknown attention pattern"),
+    (["--precision", "fp8"], "unknown precision"),
+    (["--image_size", "30"], "--image_size 30"),
+    (["--dim", "0"], "--dim"),
+    (["--gpus", "0"], "--gpus"),
+])
+def test_plan_errors_are_one_line(args: list[str], fragment: str,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    status = plan_main(args)
+    captured = capsys.readouterr()
+    result = subprocess.CompletedProcess(args, status, captured.out, captured.err)
+    assert_user_error(result, fragment)
