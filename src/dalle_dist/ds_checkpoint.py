@@ -132,7 +132,9 @@ def consolidated_weights(directory: str | Path, tag: str, flag: str) -> dict[str
     directory = Path(directory)
     check_ds_files_safe(directory / tag, flag)
     if not any((directory / tag).glob("*optim_states.pt")):
-        with torch.serialization.safe_globals(_deepspeed_classes()):
+        with quiet_output():  # importing DeepSpeed's classes prints its accelerator choice
+            allowed = _deepspeed_classes()
+        with torch.serialization.safe_globals(allowed):
             states = torch.load(directory / tag / "mp_rank_00_model_states.pt",
                                 map_location="cpu", weights_only=True)
         return {k: v.float() if v.is_floating_point() else v for k, v in states["module"].items()}
