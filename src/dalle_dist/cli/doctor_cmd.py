@@ -9,7 +9,7 @@ Reads the log only: nothing is imported from torch or any engine.
               harmless warnings), or "unknown" (nothing matched)
     cause, fix, check   strings (check is one shell command)
     matches   the log lines the diagnosis rests on, in log order (at most 10)
-    benign    notes on harmless warnings also seen (a list, often empty)
+Notes on harmless warnings seen beside a failure appear in the human output only.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def add_doctor(sub: argparse._SubParsersAction) -> None:
     p.add_argument("logfile", metavar="LOGFILE", nargs="?", default="-",
                    help="the log to read; - or nothing reads standard input")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object: category, cause, fix, check, matches, benign")
+                   help="print one JSON object: category, cause, fix, check, matches")
     p.set_defaults(run=run_doctor)
 
 

@@ -64,10 +64,10 @@ class Diagnosis:
     signature: str | None = None   # the id of the deciding signature
 
     def to_json(self) -> dict[str, Any]:
-        """The `--json` object: category, cause, fix, check, matches (lines), benign."""
+        """The `--json` object, exactly the issue's five keys (harmless-warning notes are
+        in the human output; a log of only harmless warnings is category `benign`)."""
         return {"category": self.category, "cause": self.cause, "fix": self.fix,
-                "check": self.check, "matches": [m.text for m in self.matches],
-                "benign": list(self.benign)}
+                "check": self.check, "matches": [m.text for m in self.matches]}
 
 
 @dataclass(frozen=True)
