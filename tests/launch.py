@@ -6,6 +6,7 @@ the test instead of stalling the suite.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,8 +31,17 @@ def _env(env: dict[str, str] | None) -> dict[str, str]:
 
 def _run(cmd: Sequence[str], cwd: Path | None, env: dict[str, str] | None,
          timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(cmd), capture_output=True, text=True, cwd=cwd, env=_env(env),
-                          timeout=timeout, check=False)
+    """The launcher in its own session: on a timeout the whole group is killed, ranks
+    included (killing the launcher alone leaves them running, holding ports and cores)."""
+    proc = subprocess.Popen(list(cmd), cwd=cwd, env=_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def torchrun(*args: str, nproc: int = 2, cwd: Path | None = None,

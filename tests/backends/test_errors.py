@@ -136,8 +136,10 @@ def test_deepspeed_ga_steps_that_do_not_divide(tmp_path: Path, tiny_vae: Path) -
 
 def test_json_optimizer_wins_with_a_warning(tmp_path: Path, tiny_vae: Path) -> None:
     """DALLE-pytorch's rule: an optimizer in the JSON replaces ours, and the log says so."""
-    config = _json(tmp_path, json.dumps({"optimizer": {"type": "AdamW",
-                                                       "params": {"lr": 1e-3}}}))
+    # torch_adam: DeepSpeed's own Adam is a C++ op compiled on first use (about 10 minutes
+    # on 2 cores, again for every venv path); the warning is what this test is about.
+    config = _json(tmp_path, json.dumps({"optimizer": {"type": "AdamW", "params": {
+        "lr": 1e-3, "torch_adam": True}}}))
     result = launch.deepspeed(*TRAIN, "--vae_path", str(tiny_vae), "--deepspeed",
                               "--deepspeed_config", str(config), "--batch_size", "16",
                               "--dalle_output_file_name", str(tmp_path / "d"), cwd=tmp_path)
