@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,33 @@ def tiny_dalle(tmp_path_factory: pytest.TempPathFactory, tiny_vae: Path) -> Path
                      "--fidelity_images", "4", "--dalle_output_file_name", str(out))
     assert result.returncode == 0, result.stderr
     return out
+
+
+#: A torch extension build that left its lock this long ago was killed mid-build; torch's
+#: FileBaton would wait for that lock forever.
+STALE_LOCK_S = 30 * 60
+
+
+@pytest.fixture(scope="session", autouse=True)
+def deepspeed_cpu_ops() -> Iterator[None]:
+    """DeepSpeed on CPU compiles its shared-memory comm op on first use (1-3 minutes on two
+    cores, again for every venv path): build it once here, so no launch's timeout absorbs
+    the compile, and clear locks that a killed build left behind."""
+    cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR",
+                                Path.home() / ".cache" / "torch_extensions"))
+    for lock in cache.glob("*/*/lock"):
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            lock.unlink(missing_ok=True)
+    code = ("from dalle_dist.ds_checkpoint import quiet_output\n"
+            "with quiet_output():\n"
+            "    from deepspeed.accelerator import get_accelerator\n"
+            "    builder = get_accelerator().create_op_builder('ShareMemCommBuilder')\n"
+            "    builder is None or builder.load()\n")
+    subprocess.run([sys.executable, "-c", code], timeout=1200, check=True)
+    started = time.time()
+    yield
+    # Ranks killed by the tests cannot remove their DeepSpeed shared-memory buffers.
+    for leftover in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*"):
+        if leftover.stat().st_mtime >= started:
+            leftover.unlink(missing_ok=True)
+
