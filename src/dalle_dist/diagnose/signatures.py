@@ -81,6 +81,9 @@ _NCCL_CHECK = ("NCCL_DEBUG=INFO torchrun --nproc_per_node 2 --no-python python -
                "torch, torch.distributed as d; d.init_process_group('nccl'); "
                "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])); "
                "t = torch.ones(1, device='cuda'); d.all_reduce(t); print(t.item())\"")
+# One all-reduce over Horovod's gloo controller, nothing of dalle_dist.
+_HOROVOD_CHECK = ('horovodrun -np 2 --gloo python -c "import horovod.torch as hvd, torch; '
+                  'hvd.init(); print(hvd.allreduce(torch.ones(1)))"')
 _DS_OPS_FIX = ("install the CUDA toolkit whose major.minor matches torch.version.cuda, "
                "with nvcc on PATH and CUDA_HOME set, plus ninja; or pip install a DeepSpeed "
                "release with prebuilt ops; or avoid the op (dalle_dist's default "
@@ -499,12 +502,62 @@ SIGNATURES: tuple[Signature, ...] = (
         "NCCL_IB_DISABLE=1 if InfiniBand is misconfigured",
         _NCCL_CHECK),
     Signature(
+        "dalle-dist-peer-lost", "nccl-comm",
+        (r"error: rank (?P<rank>\d+) waited (?P<waited>\d+) s in (?P<where>.+?) for the other "
+         r"ranks; a rank died, hung or took another path",),
+        "rank {rank} waited {waited} s in {where} for the other ranks, and "
+        "--collective_timeout (or a closed connection) ended the wait: another rank died, "
+        "hung (stopped, deadlocked, swapping) or ran a different path",
+        "find the rank that failed first (its own error line, a traceback, an OOM kill) and "
+        "fix that, then continue with the same command and --resume auto; if nothing failed "
+        "and the wait was legitimately long (a huge checkpoint on a slow disk), raise "
+        "--collective_timeout",
+        "grep -nE 'error:|Traceback|Killed|exit ?code' LOGFILE | head"),
+    Signature(
+        "horovod-stall", "nccl-comm",
+        (r"One or more tensors were submitted to be reduced, gathered or broadcasted by "
+         r"subset of ranks",
+         r"One or more rank \(marked by \"!\"\) is stalled for longer than",
+         r"^Stalled ranks:"),
+        "Horovod's stall inspector saw some ranks wait for a tensor the others never "
+        "submitted: a rank hung or died, or the ranks ran different steps (different data "
+        "lengths, a collective inside a rank-0-only branch)",
+        "look for the rank that failed first; make every rank run the same collectives in "
+        "the same order; HOROVOD_STALL_CHECK_TIME_SECONDS and "
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS set when Horovod warns and gives up "
+        "(dalle-dist sets them from --collective_timeout)",
+        _HOROVOD_CHECK),
+    Signature(
+        "horovod-shut-down", "nccl-comm",
+        (r"Horovod has been shut down\. This was caused by an exception on one of the ranks",),
+        "Horovod shut down while this rank still called a collective: another rank raised, "
+        "died, stalled past the stall shutdown time, or finished early (an early stop or "
+        "fewer batches on one rank)",
+        "find the first rank's own error above the first shutdown message; make every rank "
+        "run the same number of steps and stop together",
+        _HOROVOD_CHECK),
+    Signature(
+        "gloo-timeout", "nccl-comm",
+        (r"Timed out waiting \d+ ?ms for (?:recv|send) operation to complete",
+         r"gloo/transport/tcp/\w+\.cc:\d+\].*(?:Connection (?:closed|reset) by peer|"
+         r"Timed out)"),
+        "a gloo collective (CPU training, or Horovod's coordination over gloo) waited past its "
+        "timeout or lost its connection: another rank stopped, hung or died",
+        "look for the rank that failed first; if none did and the wait was legitimately long, "
+        "raise the timeout (dalle-dist: --collective_timeout)",
+        "torchrun --nproc_per_node 2 --no-python python -c \"import torch, torch.distributed "
+        "as d; d.init_process_group('gloo'); t = torch.ones(1); d.all_reduce(t); "
+        "print(t.item())\""),
+    Signature(
         "collective-timeout", "nccl-comm",
         (r"Watchdog caught collective operation timeout",
          r"NCCL communicator was aborted",
          r"ncclRemoteError",
          r"remote process exiting prematurely",
-         r"Connection (?:closed|reset) by peer"),
+         r"Connection (?:closed|reset) by peer",
+         r"Heartbeat monitor timed out",
+         r"ProcessGroupNCCL's watchdog got stuck",
+         r"Some NCCL operations have failed or timed out"),
         "a collective never completed: a rank hung, died, or ran different steps than the "
         "others (a follow-on of another rank's failure when one is in the log)",
         "look for the first failing rank's own error; else check that every rank sees the "
