@@ -8,7 +8,7 @@ The model is backend_overhead.py's: DALL-E with 32 text tokens (byte tokenizer),
 tokens from a 2-layer DiscreteVAE of 64 px images, dim 256, depth 4, 4 heads of 64; global
 batch 8, fp32, built-in shapes data. Each rank builds and distributes it through dalle_dist
 (DALLETask, backend.distribute) and takes 3 real optimizer steps, so the optimizer has state.
-Then, in a temporary directory, with backend.barrier() before and after each timed region
+Then, in a temporary directory, with backend.barrier(name) before and after each timed region
 and the median of --repeats repetitions reported (every repetition is listed too):
 
 - save_s: train.loop.save_checkpoint, as the loop calls it (keep_n=2, a new step each time,
@@ -143,10 +143,10 @@ def rank_main(name: str, args: argparse.Namespace) -> None:
                                   shard_units=task.shard_units(task.model), clip_grad_norm=0.5)
 
     def timed(region: Any, *region_args: Any, **kwargs: Any) -> float:
-        backend.barrier()
+        backend.barrier("bench")
         start = time.perf_counter()
         region(*region_args, **kwargs)
-        backend.barrier()
+        backend.barrier("bench")
         return time.perf_counter() - start
 
     task = DALLETask(cfg, vae, tokenizer, train_cfg, data, False, device)
@@ -164,7 +164,7 @@ def rank_main(name: str, args: argparse.Namespace) -> None:
                               "params": n_params}
     with tempfile.TemporaryDirectory() as tmp:
         # Every rank must write into the same directory: rank 0's.
-        tmp_dir = Path(backend.broadcast_object(tmp))
+        tmp_dir = Path(backend.broadcast_object(tmp, "bench temporary directory"))
         paths = RunPaths(tmp_dir / "bench.pt")
 
         save_times = []
@@ -232,7 +232,7 @@ def rank_main(name: str, args: argparse.Namespace) -> None:
                               ds_tag_bytes=tree_bytes(directory / tag),
                               consolidate_s=round(statistics.median(times), 4),
                               consolidate_all_s=[round(t, 4) for t in times])
-        backend.barrier()  # nobody removes the directory while rank 0 reads it
+        backend.barrier("bench")  # nobody removes the directory while rank 0 reads it
         resumed.clear()
         gc.collect()
     if backend.is_root:

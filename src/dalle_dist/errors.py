@@ -11,6 +11,9 @@ from __future__ import annotations
 class DalleDistError(Exception):
     """A user's mistake: the message says what is wrong and, in brackets, what to do."""
 
+    #: The process's exit status when this error ends a command.
+    exit_status: int = 2
+
     def __init__(self, what: str, fix: str | None = None) -> None:
         self.what = what
         self.fix = fix
@@ -31,6 +34,13 @@ class CheckpointError(DalleDistError):
 
 class OutputError(DalleDistError):
     """An output path that cannot be written."""
+
+
+class PeerLost(DalleDistError):
+    """A wait for the other ranks failed or ran past --collective_timeout: a rank died, hung
+    or took another path. Not the user's mistake, so its own exit status (3)."""
+
+    exit_status = 3
 
 
 class Stopped(Exception):

@@ -9,19 +9,24 @@ must build them after they have wrapped or sharded the parameters).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import nn
 
 from dalle_dist.backends.precision import Precision, apex_amp
+from dalle_dist.backends.watch import DEFAULT_TIMEOUT_S, ENGINE_GRACE_S, CollectiveWatch
 from dalle_dist.checkpoint_io import keep_history, write_checkpoint_file
-from dalle_dist.errors import ConfigError
+from dalle_dist.errors import ConfigError, DalleDistError, PeerLost, Stopped
 
+T = TypeVar("T")
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 
@@ -63,12 +68,19 @@ class Engine:
     shards_parameters: ClassVar[bool] = False
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler: Any | None, precision: Precision, is_root: bool = True) -> None:
+                 scheduler: Any | None, precision: Precision, is_root: bool = True,
+                 watch: CollectiveWatch | None = None) -> None:
         self.module = module  # the bare model: its state_dict has no wrapper prefixes
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.precision = precision
         self.is_root = is_root
+        self.watch = watch
+
+    def working_alone(self) -> AbstractContextManager[None]:
+        """Around work the root does while the others wait for it (writing a file): the
+        root's own wait deadline pauses, so a slow disk cannot end it mid-write."""
+        return self.watch.working_alone() if self.watch else contextlib.nullcontext()
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -142,10 +154,11 @@ class Engine:
         weights, optimizer = self.full_state_dict(), self.optimizer_state_dict()
         if self.is_root:
             scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
-            write_checkpoint_file(path, {**meta, "weights": weights, "optimizer": optimizer,
-                                         "scheduler": scheduler})
-            if keep_n:
-                keep_history(path, meta["step"], keep_n)
+            with self.working_alone():
+                write_checkpoint_file(path, {**meta, "weights": weights,
+                                             "optimizer": optimizer, "scheduler": scheduler})
+                if keep_n:
+                    keep_history(path, meta["step"], keep_n)
 
     def load_training_state(self, payload: dict[str, Any]) -> str | None:
         """Restore optimizer and scheduler state from a checkpoint (the weights are loaded
@@ -192,8 +205,11 @@ class DistributedBackend(ABC):
         self.precision_name: str = "fp16" if self.use_apex else getattr(args, "precision", "fp32")
         device = getattr(args, "device", None)
         self.requested_device = torch.device(device) if device else None
+        self.collective_timeout = float(getattr(args, "collective_timeout", None)
+                                        or DEFAULT_TIMEOUT_S)
         self.world_size, self.rank, self.local_rank = 1, 0, 0
         self.local_world_size = 1
+        self._watch: CollectiveWatch | None = None
 
     # -- without an engine -------------------------------------------------------------
 
@@ -226,20 +242,115 @@ class DistributedBackend(ABC):
             return torch.device("cuda", self.local_rank % torch.cuda.device_count())
         return torch.device("cpu")
 
-    def barrier(self) -> None:
-        """Wait for every rank (nothing to wait for in one process)."""
+    # -- waiting for the other ranks (DESIGN.md, "No silent hangs") ----------------------
 
-    def average(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Mean of `tensor` over ranks."""
-        return tensor
+    @property
+    def engine_timeout(self) -> timedelta:
+        """What the engines' own timeouts get: a backstop behind the watchdog (watch.py)."""
+        return timedelta(seconds=self.collective_timeout + ENGINE_GRACE_S)
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
+    @property
+    def watch(self) -> CollectiveWatch | None:
+        """This rank's waits (None in one process: there is nobody to wait for)."""
+        if self._watch is None and self.world_size > 1:
+            self._watch = CollectiveWatch(self.collective_timeout, self.rank)
+        return self._watch
+
+    def waiting(self, name: str) -> AbstractContextManager[None]:
+        """A block in which this rank may wait for the others: bounded by
+        --collective_timeout, and named in the error when a peer fails."""
+        watch = self.watch
+        return watch.waiting(name) if watch is not None else contextlib.nullcontext()
+
+    def start_watch(self, on_expire: Callable[[PeerLost], object]) -> None:
+        """Run the watchdog of a multi-rank run; on_expire(error) must end the process."""
+        if self.watch is not None:
+            self.watch.start(on_expire)
+
+    # -- collectives: each one named, for Horovod and for the error that names a wait ----
+
+    def barrier(self, name: str) -> None:
+        """Wait for every rank."""
+        if self.world_size > 1:
+            with self.waiting(name):
+                self._barrier()
+
+    def average(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        """Mean of `tensor` over ranks (float32; no host synchronisation)."""
+        if self.world_size == 1:
+            return tensor.detach().float()
+        with self.waiting(name):
+            return self._average(tensor, name)
+
+    def all_gather_object(self, obj: Any, name: str) -> list[Any]:
         """Every rank's `obj`, in rank order."""
-        return [obj]
+        if self.world_size == 1:
+            return [obj]
+        with self.waiting(name):
+            return self._all_gather_object(obj, name)
 
-    def broadcast_object(self, obj: Any) -> Any:
-        """Rank 0's `obj` on every rank (pickled: only for our own data, never user files)."""
-        return obj
+    def broadcast_object(self, obj: Any, name: str) -> Any:
+        """Rank 0's `obj` on every rank (pickled: only for our own data, never user files).
+
+        Every rank passes an object of the same type (None on the others is not: Horovod
+        names an unnamed collective after the object's type, and dict meets NoneType
+        never); `name` also names it explicitly.
+        """
+        if self.world_size == 1:
+            return obj
+        with self.waiting(name):
+            return self._broadcast_object(obj, name)
+
+    def _barrier(self) -> None:
+        raise NotImplementedError
+
+    def _average(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _all_gather_object(self, obj: Any, name: str) -> list[Any]:
+        raise NotImplementedError
+
+    def _broadcast_object(self, obj: Any, name: str) -> Any:
+        raise NotImplementedError
+
+    # -- decisions every rank must share --------------------------------------------------
+
+    def on_root(self, name: str, decide: Callable[[], T]) -> T:
+        """`decide()` run on rank 0 alone (it reads files that may exist on rank 0's node
+        only), its result, or the error it raised, on every rank: all take the same path."""
+        if self.world_size == 1:
+            return decide()
+        outcome: dict[str, Any] = {"result": None, "error": None}
+        if self.is_root:
+            try:
+                outcome["result"] = decide()
+            except PeerLost:
+                raise
+            except (DalleDistError, Stopped) as exc:
+                outcome["error"] = _portable(exc)
+        outcome = self.broadcast_object(outcome, name)
+        if outcome["error"] is not None:
+            raise _rebuilt(outcome["error"], None, quiet=not self.is_root)
+        return outcome["result"]
+
+    def everywhere(self, name: str, work: Callable[[], T]) -> T:
+        """`work()` on every rank; when it raised a user error on any rank, every rank
+        raises it (naming the rank when the others succeeded), so none is left waiting
+        in the next collective for a rank that has gone."""
+        if self.world_size == 1:
+            return work()
+        try:
+            result, error = work(), None
+        except PeerLost:
+            raise
+        except DalleDistError as exc:
+            result, error = None, _portable(exc)
+        errors = self.all_gather_object(error, name)
+        failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
+        if failed:
+            rank, first = failed[0]
+            raise _rebuilt(first, rank if len(failed) < len(errors) else None)
+        return result  # type: ignore[return-value]
 
     # -- batches -----------------------------------------------------------------------
 
@@ -282,3 +393,19 @@ class DistributedBackend(ABC):
         shard_units: submodules a sharding backend (FSDP) may shard one by one.
         clip_grad_norm: for engines that clip inside their step (DeepSpeed).
         """
+
+
+def _portable(exc: DalleDistError | Stopped) -> tuple[str, str, int]:
+    """An error as plain data (class name, message, exit status), to send to other ranks."""
+    return type(exc).__name__, str(exc), getattr(exc, "exit_status", 0)
+
+
+def _rebuilt(error: tuple[str, str, int], rank: int | None, quiet: bool = False
+             ) -> DalleDistError | Stopped:
+    """The error again; a stop's message is the root's alone to print (quiet elsewhere)."""
+    kind, message, status = error
+    if kind == "Stopped":
+        return Stopped("" if quiet else message)
+    rebuilt = DalleDistError(f"rank {rank}: {message}" if rank is not None else message)
+    rebuilt.exit_status = status
+    return rebuilt

@@ -27,6 +27,7 @@ from dalle_dist.backends.base import (
 )
 from dalle_dist.backends.precision import Precision
 from dalle_dist.backends.torch_dist import TorchDistributedBackend
+from dalle_dist.backends.watch import CollectiveWatch
 from dalle_dist.checkpoint_io import write_checkpoint_file
 from dalle_dist.ds_checkpoint import (
     check_ds_files_safe,
@@ -78,9 +79,9 @@ class DeepSpeedEngine(Engine):
     """DeepSpeed clips (gradient_clipping) and zeroes gradients inside its own step."""
 
     def __init__(self, ds_engine: Any, scheduler: Any, stage: int, device: torch.device,
-                 is_root: bool) -> None:
+                 is_root: bool, watch: CollectiveWatch | None = None) -> None:
         super().__init__(ds_engine.module, ds_engine.optimizer, scheduler,
-                         Precision("fp32", device), is_root=is_root)
+                         Precision("fp32", device), is_root=is_root, watch=watch)
         self.ds_engine, self.stage = ds_engine, stage
         self.shards_parameters = stage == 3
 
@@ -131,7 +132,11 @@ class DeepSpeedEngine(Engine):
         import torch.distributed as dist
 
         directory = ds_checkpoint_dir(path)
-        tag = new_tag(directory, meta["step"])
+        # The root names the tag for all: `latest` may be on rank 0's disk only, and ranks
+        # that chose different tags would write two half checkpoints.
+        box = [new_tag(directory, meta["step"]) if self.is_root else None]
+        dist.broadcast_object_list(box, src=0)
+        tag = box[0]
         if self.is_root and (directory / tag).exists():
             shutil.rmtree(directory / tag)  # left by a save that never finished
         dist.barrier()
@@ -141,11 +146,13 @@ class DeepSpeedEngine(Engine):
         if self.is_root:
             scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
             aux = {**meta, "scheduler": scheduler, "zero_stage": self.stage}
-            write_tag_meta(directory, tag, aux)
-            write_checkpoint_file(path, {**aux, "weights": weights, "optimizer": None})
+            with self.working_alone():
+                write_tag_meta(directory, tag, aux)
+                write_checkpoint_file(path, {**aux, "weights": weights, "optimizer": None})
         dist.barrier()  # every rank's partition files are written
         if self.is_root:
-            publish_tag(directory, tag, keep_n)
+            with self.working_alone():
+                publish_tag(directory, tag, keep_n)
 
     def load_training_state(self, payload: dict[str, Any]) -> str | None:
         """A DeepSpeed directory restores everything through DeepSpeed; a single file
@@ -207,7 +214,8 @@ class DeepSpeedBackend(TorchDistributedBackend):
 
         # On CPU DeepSpeed would pick oneCCL; gloo is what torch ships.
         deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
-                                   auto_mpi_discovery=False, verbose=False)
+                                   auto_mpi_discovery=False, verbose=False,
+                                   timeout=self.engine_timeout)
 
     # -- config ------------------------------------------------------------------------
 
@@ -299,7 +307,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
             inner = optimizer or _innermost_torch_optimizer(ds_optimizer)
             scheduler = make_scheduler(inner) if inner is not None else None
         return DeepSpeedEngine(ds_engine, scheduler, int(config["zero_optimization"]["stage"]),
-                               device, self.is_root)
+                               device, self.is_root, self.watch)
 
     def warn(self, message: str) -> None:
         if self.is_root:

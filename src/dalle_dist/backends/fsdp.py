@@ -68,4 +68,5 @@ class FSDPBackend(TorchDistributedBackend):
         optimizer = make_optimizer(module.parameters())
         # Apex amp cannot wrap a sharded model: FSDP always uses native autocast.
         return FSDPEngine(module, optimizer, make_scheduler(optimizer),
-                          Precision(self.precision_name, device), is_root=self.is_root)
+                          Precision(self.precision_name, device), is_root=self.is_root,
+                          watch=self.watch)

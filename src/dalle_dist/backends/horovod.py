@@ -9,6 +9,7 @@ Horovod is imported only inside methods.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,9 +56,22 @@ class HorovodBackend(DistributedBackend):
     batch_size_is_global = False
 
 
+    def bound_waits(self) -> None:
+        """--collective_timeout (plus the watchdog's grace) as Horovod's own bounds, read by
+        hvd.init(): its gloo context's timeout (a stopped peer) and the stall shutdown (a
+        peer that never submits the same tensor); the stall warning comes earlier."""
+        bound = str(int(self.engine_timeout.total_seconds()))
+        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = bound
+        os.environ["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = bound
+        warn = max(1, int(min(60.0, self.collective_timeout / 2)))
+        yours = os.environ.get("HOROVOD_STALL_CHECK_TIME_SECONDS", "")
+        if not yours.isdigit() or int(yours) > warn:  # a lower one of the user's stays
+            os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(warn)
+
     def initialize(self) -> None:
         import horovod.torch as hvd
 
+        self.bound_waits()
         hvd.init()
         self.rank, self.world_size = hvd.rank(), hvd.size()
         self.local_rank, self.local_world_size = hvd.local_rank(), hvd.local_size()
@@ -72,25 +86,25 @@ class HorovodBackend(DistributedBackend):
 
         hvd.shutdown()
 
-    def barrier(self) -> None:
+    def _barrier(self) -> None:
         import horovod.torch as hvd
 
         hvd.barrier()
 
-    def average(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _average(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         import horovod.torch as hvd
 
-        return hvd.allreduce(tensor.detach().float(), op=hvd.Average)
+        return hvd.allreduce(tensor.detach().float(), op=hvd.Average, name=name)
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
+    def _all_gather_object(self, obj: Any, name: str) -> list[Any]:
         import horovod.torch as hvd
 
-        return hvd.allgather_object(obj)
+        return hvd.allgather_object(obj, name=name)
 
-    def broadcast_object(self, obj: Any) -> Any:
+    def _broadcast_object(self, obj: Any, name: str) -> Any:
         import horovod.torch as hvd
 
-        return hvd.broadcast_object(obj, root_rank=0)
+        return hvd.broadcast_object(obj, root_rank=0, name=name)
 
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
                    make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),
@@ -106,4 +120,4 @@ class HorovodBackend(DistributedBackend):
         # Horovod create its state with a zero-gradient step, leaving Adam one step ahead
         # of the other backends; a resumed state is read from the file by every rank.
         return HorovodEngine(module, optimizer, make_scheduler(optimizer), precision,
-                             is_root=self.is_root)
+                             is_root=self.is_root, watch=self.watch)

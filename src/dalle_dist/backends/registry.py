@@ -13,6 +13,7 @@ from dalle_dist.backends.horovod import HorovodBackend
 from dalle_dist.backends.precision import PRECISIONS
 from dalle_dist.backends.single import SingleBackend
 from dalle_dist.backends.torch_ddp import TorchBackend
+from dalle_dist.backends.watch import DEFAULT_TIMEOUT_S
 from dalle_dist.environment import backend_verdict, precision_verdict
 from dalle_dist.errors import ConfigError
 
@@ -34,6 +35,12 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
                        help="default %(default)s")
     group.add_argument("--fp16", action="store_const", const="fp16", dest="precision",
                        help="same as --precision fp16")
+    group.add_argument("--collective_timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                       metavar="SECONDS",
+                       help="how long a rank waits for the others (a step's all-reduce, a "
+                            "checkpoint save, the built-in VAE) before the run ends with an "
+                            "error naming the wait; raise it when saving a huge model to a "
+                            "slow disk takes longer (default %(default).0f: 30 minutes)")
     group.add_argument("--amp", action="store_true",
                        help="fp16 through NVIDIA Apex amp (O1) when it imports on CUDA, else "
                             "torch autocast fp16; the log says which")
@@ -54,6 +61,10 @@ def backend_from_args(args: argparse.Namespace) -> DistributedBackend:
                               "drop one of the two")
         name = "deepspeed"
     name = name or "single"
+    timeout = getattr(args, "collective_timeout", DEFAULT_TIMEOUT_S)
+    if not timeout > 0:
+        raise ConfigError(f"--collective_timeout must be positive, got {timeout:g}",
+                          f"give seconds, e.g. {DEFAULT_TIMEOUT_S:.0f} (the default)")
     if name not in BACKENDS:
         raise ConfigError(f"unknown --distributed_backend {name!r}",
                           f"known backends: {', '.join(BACKENDS)}")

@@ -36,4 +36,4 @@ class TorchBackend(TorchDistributedBackend):
         ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda"
                                       else None)
         return DDPEngine(ddp, optimizer, make_scheduler(optimizer), precision,
-                         is_root=self.is_root)
+                         is_root=self.is_root, watch=self.watch)

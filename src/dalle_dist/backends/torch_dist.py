@@ -17,10 +17,9 @@ from dalle_dist.backends.base import DistributedBackend
 from dalle_dist.errors import ConfigError
 
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-TIMEOUT = timedelta(minutes=30)
 
 
-def restart_store(rank: int, world_size: int) -> dist.Store:
+def restart_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
     """torchrun's key-value store, with keys private to this attempt of the group.
 
     After `torchrun --max-restarts` restarts a group, the store can still hold the
@@ -30,9 +29,9 @@ def restart_store(rank: int, world_size: int) -> dist.Store:
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        store = dist.TCPStore(host, port, world_size, is_master=False, timeout=TIMEOUT)
+        store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
     else:  # rank 0 hosts it (bare processes given a launcher's variables)
-        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=TIMEOUT,
+        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout,
                               multi_tenant=True)
     return dist.PrefixStore(f"dalle_dist/attempt_{attempt}", store)
 
@@ -67,11 +66,14 @@ class TorchDistributedBackend(DistributedBackend):
         else:
             set_cpu_threads(self.local_world_size)
         if not dist.is_initialized():
-            self.init_process_group(device)
+            with self.waiting("joining the process group"):
+                self.init_process_group(device)
 
     def init_process_group(self, device: torch.device) -> None:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=TIMEOUT, store=restart_store(self.rank, self.world_size),
+        """Every wait of the group (and of its rendezvous) ends after engine_timeout."""
+        timeout = self.engine_timeout
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout,
+                                store=restart_store(self.rank, self.world_size, timeout),
                                 rank=self.rank, world_size=self.world_size,
                                 device_id=device if device.type == "cuda" else None)
 
@@ -79,20 +81,20 @@ class TorchDistributedBackend(DistributedBackend):
         if dist.is_initialized():
             dist.destroy_process_group()
 
-    def barrier(self) -> None:
+    def _barrier(self) -> None:
         dist.barrier()
 
-    def average(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _average(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         tensor = tensor.detach().clone().float()
         dist.all_reduce(tensor)
         return tensor / self.world_size
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
+    def _all_gather_object(self, obj: Any, name: str) -> list[Any]:
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
 
-    def broadcast_object(self, obj: Any) -> Any:
+    def _broadcast_object(self, obj: Any, name: str) -> Any:
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]

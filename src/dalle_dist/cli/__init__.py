@@ -6,15 +6,14 @@ The only place where a DalleDistError becomes `error: ...` and exit status 2.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from dalle_dist import __version__
 from dalle_dist.cli.check_cmd import add_check
 from dalle_dist.cli.checkpoint_cmd import add_checkpoint
 from dalle_dist.cli.doctor_cmd import add_doctor
+from dalle_dist.cli.exits import exit_now
 from dalle_dist.cli.generate_cmd import add_generate
 from dalle_dist.cli.parser import ArgumentParser, given_dests, subcommand_parser
 from dalle_dist.cli.plan_cmd import add_plan
@@ -52,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = args.run(args)
     except DalleDistError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        status = 2
+        status = exc.exit_status
     except Stopped as exc:
         if str(exc):  # the root rank's message; the others stay quiet
             print(str(exc), flush=True)
@@ -63,18 +62,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "joined_process_group", False):
         exit_now(status)
     return status
-
-
-def exit_now(status: int) -> NoReturn:
-    """End a rank of a multi-process run without running C++ static destructors.
-
-    A rank that has written everything and left its process group can still abort while
-    the interpreter tears torch's native state down ("terminate called without an active
-    exception", SIGABRT, no Python frame): seen on about 1 in 4 CPU runs of FSDP and
-    ZeRO-3 VAE training with sample grids, after the checkpoint was complete. The
-    launcher then reports the whole job failed, and an error's exit status 2 would
-    turn into a signal. Output is flushed first; files are already fsynced.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)

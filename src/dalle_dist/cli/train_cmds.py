@@ -10,10 +10,12 @@ import argparse
 from collections.abc import Callable
 
 from dalle_dist.backends import DistributedBackend, add_backend_arguments, backend_from_args
+from dalle_dist.cli.exits import report_and_exit
 from dalle_dist.cli.parser import optional_float
 from dalle_dist.data import DataConfig
-from dalle_dist.errors import ConfigError
+from dalle_dist.errors import ConfigError, PeerLost
 from dalle_dist.model import ATTN_IMPLS, PATTERNS, VAEConfig
+from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN
 from dalle_dist.train.config import ResumeConfig, TrainConfig, VAESchedule
 
 _VAE = VAEConfig()
@@ -62,6 +64,10 @@ def _add_train_args(parser: argparse.ArgumentParser, defaults: TrainConfig) -> N
                             "output name (starting fresh when there is none), PATH a given "
                             "checkpoint file or DeepSpeed directory; weights, optimizer, "
                             "scheduler, RNG and data position are restored")
+    group.add_argument("--overwrite", action="store_true",
+                       help="start over where the output name already holds a checkpoint "
+                            "(without it such a run stops: continue it with --resume auto); "
+                            "the old one is removed once the new run's first save is complete")
     group.add_argument("--keep_n_checkpoints", type=int, default=None, metavar="N",
                        help="keep the newest N saves: NAME-checkpoints/step-*.pt, or the "
                             "DeepSpeed tags (default: only NAME.pt, and every DeepSpeed tag)")
@@ -94,22 +100,36 @@ def _resume_config(args: argparse.Namespace, model: dict[str, object],
     if path and args.resume:
         raise ConfigError(f"--resume and {path_flag} both name a checkpoint", "give one of them")
     given = {key: value for key, value in model.items() if key in args.given}
+    if args.overwrite and args.resume == "auto":
+        raise ConfigError("--overwrite and --resume auto contradict each other",
+                          "--resume auto continues the output's checkpoint, --overwrite "
+                          "replaces it: give one of them")
     return ResumeConfig(source=path or args.resume,
                         flag=path_flag if path else "--resume",
-                        keep_n_checkpoints=args.keep_n_checkpoints, given_model=given)
+                        keep_n_checkpoints=args.keep_n_checkpoints, given_model=given,
+                        overwrite=args.overwrite)
 
 
 def run_on_backend(args: argparse.Namespace, command: Callable[[DistributedBackend], None]
                    ) -> int:
-    """Choose and join the backend, run the command on it, leave the process group."""
+    """Choose and join the backend, run the command on it, leave the process group.
+
+    Every wait for the other ranks is bounded by --collective_timeout (backends/watch.py);
+    after a peer is lost the group is not left politely: leaving could wait for it too.
+    """
     backend = backend_from_args(args)
     backend.initialize()
-    # Tells main() to end this rank with os._exit (see cli.exit_now), error or not.
+    # Tells main() to end this rank with os._exit (see cli.exits), error or not.
     args.joined_process_group = backend.world_size > 1
+    backend.start_watch(report_and_exit)
     try:
         command(backend)
-    finally:
+    except PeerLost:
+        raise
+    except BaseException:
         backend.shutdown()
+        raise
+    backend.shutdown()
     return 0
 
 
@@ -240,6 +260,10 @@ def add_train(sub: argparse._SubParsersAction) -> None:
                    help="halve the learning rate when the epoch loss plateaus")
     p.add_argument("--image_size", type=int, default=_VAE.image_size,
                    help="built-in shapes size when a VAE is trained first (default %(default)s)")
+    p.add_argument("--builtin_vae_epochs", type=int, default=BUILTIN_VAE_TRAIN.epochs,
+                   help="epochs of 10,000 shapes for the VAE trained first on built-in data "
+                        "without --vae_path; each value is cached on its own (default "
+                        "%(default)s: about 2 minutes on 2 CPU cores)")
     p.set_defaults(run=run_train)
 
 
@@ -261,4 +285,4 @@ def run_train(args: argparse.Namespace) -> int:
         vae_path=args.vae_path, resume=resume, bpe_path=args.bpe_path,
         attn_impl=args.attn_impl,
         text_seq_len=args.text_seq_len, lr_decay=args.lr_decay,
-        fidelity_images=args.fidelity_images))
+        fidelity_images=args.fidelity_images, builtin_vae_epochs=args.builtin_vae_epochs))

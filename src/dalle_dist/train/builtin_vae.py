@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dalle_dist.data import DataConfig
@@ -44,12 +44,17 @@ class BuiltinVAE:
         return self.path.with_name(self.path.stem + ".partial.pt")
 
 
-def builtin_vae(data: DataConfig, cache_dir: Path | None = None) -> BuiltinVAE:
+def builtin_vae(data: DataConfig, cache_dir: Path | None = None,
+                epochs: int = BUILTIN_VAE_TRAIN.epochs) -> BuiltinVAE:
+    """The built-in VAE for `data`'s image size and seed, trained for `epochs` epochs of
+    the default 10,000 shapes (--builtin_vae_epochs: fewer for a quick try, more for a
+    sharper VAE; each count has its own cache entry)."""
     vae_cfg = VAEConfig(image_size=data.image_size)
     schedule = VAESchedule()
     data = DataConfig(image_size=data.image_size, shapes_seed=data.shapes_seed)
-    key_source = json.dumps([vae_cfg.to_dict(), schedule.to_dict(),
-                             BUILTIN_VAE_TRAIN.to_dict(), data.to_dict()], sort_keys=True)
+    train = replace(BUILTIN_VAE_TRAIN, epochs=epochs)
+    key_source = json.dumps([vae_cfg.to_dict(), schedule.to_dict(), train.to_dict(),
+                             data.to_dict()], sort_keys=True)
     key = hashlib.sha256(key_source.encode()).hexdigest()[:12]
     path = (cache_dir or default_cache_dir()) / "vae" / f"shapes-{data.image_size}px-{key}.pt"
-    return BuiltinVAE(vae_cfg, schedule, BUILTIN_VAE_TRAIN, data, path)
+    return BuiltinVAE(vae_cfg, schedule, train, data, path)

@@ -44,6 +44,8 @@ class ResumeConfig:
     source: str | None = None  # "auto" (newest beside the output) or a checkpoint path
     flag: str = "--resume"  # the flag that named it (--dalle_path is DALLE-pytorch's)
     keep_n_checkpoints: int | None = None
+    #: start over even where the output name holds a checkpoint (--overwrite)
+    overwrite: bool = False
     #: model flags given on the command line: they must agree with a resumed checkpoint
     given_model: dict[str, Any] = field(default_factory=dict)
 

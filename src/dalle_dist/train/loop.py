@@ -8,6 +8,7 @@ it; only the root logs and writes files.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -91,28 +92,32 @@ def write_samples(task: Task, engine: Engine, backend: DistributedBackend, batch
                   path: Path) -> None:
     """A sample grid, drawn on a forked RNG: how often samples are taken must not change
     the random numbers training sees (or a resumed run would diverge)."""
-    model = inference_model(task, engine, backend)
+    with backend.waiting(f"the sample grid {path.name}"):
+        model = inference_model(task, engine, backend)
     if model is None:
         return
     device = backend.device
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    with engine.working_alone(), torch.random.fork_rng(
+            devices=[device] if device.type == "cuda" else []):
         save_png(task.sample_grid(model, batch, device), path)
 
 
 def save_checkpoint(task: Task, engine: Engine, backend: DistributedBackend, paths: RunPaths,
                     state: LoopState, keep_n: int | None = None) -> None:
     """Collective: every rank's RNG states go into the root's file."""
-    rng = backend.all_gather_object(capture_rng())
-    meta = checkpoint_meta(task.kind, task.configs(), asdict(state), rng, backend.name,
-                           backend.world_size, precision=backend.precision_name,
-                           **task.extra_state())
-    engine.save(paths.checkpoint, meta, keep_n)
-    backend.barrier()
+    with backend.waiting(f"the checkpoint save at step {state.step}"):
+        rng = backend.all_gather_object(capture_rng(), "the RNG-state gather")
+        meta = checkpoint_meta(task.kind, task.configs(), asdict(state), rng, backend.name,
+                               backend.world_size, precision=backend.precision_name,
+                               **task.extra_state())
+        engine.save(paths.checkpoint, meta, keep_n)
+        backend.barrier("the barrier after the root's write")
 
 
 def check_replicas(engine: Engine, backend: DistributedBackend, log: RunLog) -> list[str]:
     """Every rank's parameter digest; the log says whether all ranks hold the same model."""
-    digests = backend.all_gather_object(engine.rank_digest())
+    with backend.waiting("the parameter comparison at the end"):
+        digests = backend.all_gather_object(engine.rank_digest(), "the digest gather")
     if len(set(digests)) == 1:
         log.info(f"parameters identical on {len(digests)} rank(s): digest {digests[0]}")
     else:
@@ -125,7 +130,7 @@ def loss_and_stop(loss: torch.Tensor, backend: DistributedBackend) -> tuple[floa
     all-reduce, so every rank stops at the same step."""
     pair = torch.stack([loss.detach().float(),
                         torch.tensor(float(stop_requested()), device=loss.device)])
-    loss_mean, stop = backend.average(pair).tolist()
+    loss_mean, stop = backend.average(pair, "the loss all-reduce").tolist()
     return loss_mean, stop > 0
 
 
@@ -133,40 +138,52 @@ def train(task: Task, engine: Engine, backend: DistributedBackend,
           data: EpochLoader | WebDatasetLoader,
           config: TrainConfig, paths: RunPaths, log: RunLog,
           state: LoopState | None = None, save_first: bool = True,
-          keep_n: int | None = None) -> LoopState:
+          keep_n: int | None = None, after_first_save: Callable[[], None] | None = None
+          ) -> LoopState:
     """Train from `state` to the last epoch; raises Stopped after saving if signalled.
 
     save_first: save before the first step, so a bad output path or config fails in
-    seconds (skipped when resuming from this run's own newest checkpoint).
+    seconds (skipped when resuming from this run's own newest checkpoint);
+    after_first_save: called on the root once that save is complete (--overwrite removes
+    the earlier run's checkpoints there).
     SIGTERM and SIGINT are recorded while it runs (train/preemption.py); before, during
     set-up, they end the process as usual: there is nothing to save yet.
     """
-    with stop_on_signals():
-        return _train(task, engine, backend, data, config, paths, log,
-                      state or LoopState(), save_first, keep_n)
+    try:
+        with stop_on_signals():
+            return _train(task, engine, backend, data, config, paths, log,
+                          state or LoopState(), save_first, keep_n, after_first_save)
+    finally:
+        log.end_progress()  # an error line printed next starts on a line of its own
 
 
 def _train(task: Task, engine: Engine, backend: DistributedBackend,
            data: EpochLoader | WebDatasetLoader, config: TrainConfig, paths: RunPaths,
-           log: RunLog, state: LoopState, save_first: bool, keep_n: int | None) -> LoopState:
+           log: RunLog, state: LoopState, save_first: bool, keep_n: int | None,
+           after_first_save: Callable[[], None] | None) -> LoopState:
     device = backend.device
     samples_per_step = data.batch_size * backend.world_size
     if save_first:
         save_checkpoint(task, engine, backend, paths, state, keep_n)
+        if after_first_save is not None and backend.is_root:
+            after_first_save()
     log.start_progress(config.epochs * len(data), state.step, f"train {task.kind}")
     window = MetricWindow()
 
     for epoch in range(state.epoch, config.epochs):
         for batch in data.epoch(epoch, start=state.batch):
-            outputs = engine.forward(*task.inputs(batch, device))
-            engine.backward(outputs["loss"])
-            grad_norm = engine.clip_grad_norm(config.clip_grad_norm)
-            engine.step()
-            engine.zero_grad()
-            state.step += 1
-            task.after_step(state.step, engine)
-
-            loss, stop = loss_and_stop(outputs["loss"], backend)  # the same on every rank
+            # Every wait for the other ranks is bounded and named (backends/watch.py).
+            with backend.waiting(f"step {state.step + 1}"):
+                with backend.waiting("the forward and backward pass"):
+                    outputs = engine.forward(*task.inputs(batch, device))
+                    engine.backward(outputs["loss"])
+                with backend.waiting("the optimizer step"):
+                    grad_norm = engine.clip_grad_norm(config.clip_grad_norm)
+                    engine.step()
+                    engine.zero_grad()
+                state.step += 1
+                task.after_step(state.step, engine)
+                loss, stop = loss_and_stop(outputs["loss"], backend)  # the same everywhere
             state.batch, state.loss_sum = state.batch + 1, state.loss_sum + loss
             window.add(step_scalars(outputs, loss, grad_norm), samples_per_step)
             log.progress(loss=loss)

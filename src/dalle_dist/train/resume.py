@@ -1,21 +1,35 @@
-"""Which checkpoint a run continues from, and whether the flags agree with it.
+"""Which checkpoint a run continues from, whether the flags agree with it, and what a
+fresh run may replace.
 
 `--resume auto` takes the newest complete checkpoint beside the output name: the
 single file `<name>.pt` (always complete: it is replaced by rename), earlier ones kept by
 --keep_n_checkpoints, and the DeepSpeed directory `<name>-ds-cp/` (complete up to the tag
 `latest` names). The DeepSpeed directory wins a tie: it holds fp32 master weights and the
 optimizer state, which the single file of a DeepSpeed run lacks.
+
+A run that does not continue its output's own checkpoint never replaces one silently: it
+stops before writing anything unless --overwrite is given, and then the earlier run's
+files go only once the new run's first save is complete (`Leftovers`).
 """
 
 from __future__ import annotations
 
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dalle_dist.checkpoint_io import HISTORY_PATTERN, history_dir, read_checkpoint_file
-from dalle_dist.ds_checkpoint import ds_checkpoint_dir, is_ds_checkpoint_dir, read_ds_meta
+from dalle_dist.ds_checkpoint import (
+    LATEST_FILE,
+    ds_checkpoint_dir,
+    is_ds_checkpoint_dir,
+    read_ds_meta,
+)
 from dalle_dist.errors import CheckpointError, ConfigError
-from dalle_dist.train.config import RunPaths
+from dalle_dist.fileio import ensure_writable_file
+from dalle_dist.train.checkpoint import KIND_NAMES
+from dalle_dist.train.config import ResumeConfig, RunPaths
 from dalle_dist.train.run_log import RunLog
 
 
@@ -53,6 +67,141 @@ def is_own_checkpoint(source: Path, paths: RunPaths) -> bool:
     """True when `source` is this run's newest output (no need to save it again first)."""
     own = {paths.checkpoint.resolve(), ds_checkpoint_dir(paths.checkpoint).resolve()}
     return source.resolve() in own
+
+
+def belongs_to_output(source: Path, paths: RunPaths) -> bool:
+    """True when `source` is one of the output's own saves (its newest, a kept earlier one,
+    or its DeepSpeed directory): continuing it writes over nothing of another run."""
+    source = source.resolve()
+    return is_own_checkpoint(source, paths) or source.parent == history_dir(
+        paths.checkpoint).resolve()
+
+
+def _stores(paths: RunPaths) -> list[Path]:
+    """Where an output name keeps checkpoints, those that exist."""
+    history = history_dir(paths.checkpoint)
+    found = [p for p in (paths.checkpoint, ds_checkpoint_dir(paths.checkpoint)) if p.exists()]
+    if history.is_dir() and any(HISTORY_PATTERN.match(p.name) for p in history.iterdir()):
+        found.append(history)
+    return found
+
+
+def describe_existing(paths: RunPaths, log: RunLog) -> str | None:
+    """What the output name already holds, in words (None when it holds nothing)."""
+    stores = _stores(paths)
+    if not stores:
+        return None
+    newest = newest_checkpoint(paths, log)
+    if newest is None:
+        return (f"{stores[0]} already exists and is not a readable dalle_dist checkpoint, "
+                "so a new run would replace it")
+    meta = (read_ds_meta(newest, "--resume") if newest.is_dir()
+            else read_checkpoint_file(newest, "--resume", mmap=True))
+    kind = KIND_NAMES.get(meta.get("kind"), "a")
+    deepspeed = " (DeepSpeed directory)" if newest.is_dir() else ""
+    return (f"{newest}{deepspeed} already holds {kind} checkpoint at step {meta['step']} "
+            f"(epoch {meta['epoch']}), so a new run would replace it")
+
+
+@dataclass
+class Leftovers:
+    """An earlier run's files under this output name, to remove once the run that replaces
+    it (--overwrite) has saved once: until then the old checkpoint is still there.
+
+    Files are told apart by inode and modification time: what the new run wrote is a new
+    file (every save renames a fresh one into place, and a tag folder is made anew), so
+    nothing of the new run is removed, even where the file system reuses a freed inode.
+    (Not the change time: replacing NAME.pt changes it on the history link to its inode.)
+    """
+
+    files: list[tuple[Path, tuple[int, int]]] = field(default_factory=list)
+    ds_dir: Path | None = None
+    ds_latest: tuple[int, int] | None = None  # `latest`: unchanged if the new run is not DeepSpeed
+
+    @classmethod
+    def of(cls, paths: RunPaths) -> Leftovers:
+        kept = cls()
+        history = history_dir(paths.checkpoint)
+        candidates = [paths.metrics]
+        if history.is_dir():
+            candidates += [p for p in history.iterdir() if HISTORY_PATTERN.match(p.name)]
+        if paths.samples.is_dir():
+            candidates += sorted(paths.samples.glob("*.png"))
+        directory = ds_checkpoint_dir(paths.checkpoint)
+        if directory.is_dir():
+            kept.ds_dir = directory
+            kept.ds_latest = _identity(directory / LATEST_FILE)
+            candidates += list(directory.iterdir())
+        kept.files = [(p, _identity(p)) for p in candidates if p.exists()]
+        return kept
+
+    def discard(self, log: RunLog) -> None:
+        """Remove what is still the earlier run's; the new run's first save is complete."""
+        if self.ds_dir is not None and _identity(self.ds_dir / LATEST_FILE) == self.ds_latest:
+            shutil.rmtree(self.ds_dir, ignore_errors=True)  # this run is not DeepSpeed
+        removed = 0
+        for path, identity in self.files:
+            if _identity(path) != identity:
+                continue  # written by this run, or gone
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed += 1
+        log.info(f"--overwrite: the earlier run's checkpoints, metrics and samples are "
+                 f"removed ({removed} files or folders)")
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return (-1, -1)
+    return status.st_ino, status.st_mtime_ns
+
+
+@dataclass(frozen=True)
+class Start:
+    """How a run starts, decided by the root rank alone and sent to the others (the
+    output folder may exist on the root's node only)."""
+
+    source: str | None = None  # the checkpoint to continue; None: a fresh start
+    flag: str = "--resume"  # the flag that named it, for messages
+    own: bool = False  # `source` is the output's own newest checkpoint (no first save)
+    replaces: Leftovers | None = None  # --overwrite: the earlier run's files
+
+
+def decide_start(resume: ResumeConfig, paths: RunPaths, output_flag: str, log: RunLog
+                 ) -> Start:
+    """Where a run starts, checked before anything is written; runs on the root only."""
+    ensure_writable_file(paths.checkpoint, output_flag)
+    source, flag = resume.source, resume.flag
+    if source:
+        remove_unfinished_saves(paths, log)
+    if source == "auto":
+        found = newest_checkpoint(paths, log)
+        if found is None:
+            log.info(f"--resume auto: no checkpoint of {paths.checkpoint} yet: starting fresh")
+            return Start()
+        source, flag = str(found), "--resume"
+    if source is not None and belongs_to_output(Path(source), paths):
+        return Start(source, flag, own=is_own_checkpoint(Path(source), paths))
+    existing = describe_existing(paths, log)
+    replaces = None
+    if existing is not None:
+        if not resume.overwrite:
+            raise ConfigError(existing, "continue it with --resume auto, or start over "
+                                        "with --overwrite")
+        replaces = Leftovers.of(paths)
+        log.info(f"--overwrite: {existing} once this run's first save is complete")
+    return Start(source, flag, own=False, replaces=replaces)
+
+
+def remove_unfinished_saves(paths: RunPaths, log: RunLog) -> None:
+    """Temporary files of saves that a kill cut short (the rename never happened)."""
+    for leftover in paths.checkpoint.parent.glob(f".{paths.checkpoint.name}.*.tmp"):
+        log.info(f"removing an unfinished save: {leftover}")
+        leftover.unlink(missing_ok=True)
 
 
 def check_flags_agree(given: dict[str, Any], saved: dict[str, Any], source: str) -> None:
