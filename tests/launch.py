@@ -5,13 +5,18 @@ the test instead of stalling the suite.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+
+import psutil
 
 BIN = Path(sys.executable).parent
 #: Launchers start processes that each import torch (and DeepSpeed): give them time.
@@ -29,61 +34,98 @@ def _env(env: dict[str, str] | None) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
 
 
-def _run(cmd: Sequence[str], cwd: Path | None, env: dict[str, str] | None,
-         timeout: float) -> subprocess.CompletedProcess[str]:
-    """The launcher in its own session: on a timeout the whole group is killed, ranks
-    included (killing the launcher alone leaves them running, holding ports and cores)."""
-    proc = subprocess.Popen(list(cmd), cwd=cwd, env=_env(env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+def command(launcher: str, *args: str, nproc: int = 2,
+            launcher_args: Sequence[str] = ()) -> list[str]:
+    """The launch line of `launcher` (torchrun, deepspeed or horovodrun) for
+    `python -m dalle_dist ARGS` on `nproc` local ranks."""
+    if launcher == "torchrun":
+        return [str(BIN / "torchrun"), "--nproc_per_node", str(nproc),
+                "--master_port", str(free_port()), *launcher_args, "-m", "dalle_dist", *args]
+    if launcher == "deepspeed":
+        return [str(BIN / "deepspeed"), "--num_gpus", str(nproc), "--master_port",
+                str(free_port()), *launcher_args, "--module", "dalle_dist", *args]
+    if launcher == "horovodrun":
+        return [str(BIN / "horovodrun"), "-np", str(nproc), "--gloo", *launcher_args,
+                sys.executable, "-m", "dalle_dist", *args]
+    raise ValueError(launcher)
+
+
+def start(cmd: Sequence[str], cwd: Path | None = None, env: dict[str, str] | None = None,
+          stderr: int = subprocess.PIPE) -> subprocess.Popen[str]:
+    """A launcher in its own session, so that finish() can end it with all its ranks."""
+    return subprocess.Popen(list(cmd), cwd=cwd, env=_env(env), stdout=subprocess.PIPE,
+                            stderr=stderr, text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Wait for a started launcher; on a timeout kill the whole group, ranks included
+    (killing the launcher alone leaves them running, holding ports and cores)."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err or "")
+
+
+def rank_processes(proc: subprocess.Popen[str]) -> dict[int, psutil.Process]:
+    """The launcher's rank processes (`python -m dalle_dist ...`) by global rank."""
+    ranks = {}
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            cmdline, env = child.cmdline(), child.environ()
+        except psutil.NoSuchProcess:
+            continue
+        if any(a == "-m" and b == "dalle_dist" for a, b in itertools.pairwise(cmdline)):
+            rank = env.get("HOROVOD_RANK", env.get("RANK"))
+            if rank is not None:
+                ranks[int(rank)] = child
+    return ranks
+
+
+def _run(cmd: Sequence[str], cwd: Path | None, env: dict[str, str] | None,
+         timeout: float) -> subprocess.CompletedProcess[str]:
+    return finish(start(cmd, cwd, env), timeout)
 
 
 def torchrun(*args: str, nproc: int = 2, cwd: Path | None = None,
              env: dict[str, str] | None = None, timeout: float = LAUNCH_TIMEOUT,
              launcher_args: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
-    cmd = [str(BIN / "torchrun"), "--nproc_per_node", str(nproc),
-           "--master_port", str(free_port()), *launcher_args, "-m", "dalle_dist", *args]
-    return _run(cmd, cwd, env, timeout)
+    return _run(command("torchrun", *args, nproc=nproc, launcher_args=launcher_args), cwd,
+                env, timeout)
 
 
 def deepspeed(*args: str, nproc: int = 2, cwd: Path | None = None,
               env: dict[str, str] | None = None,
               timeout: float = LAUNCH_TIMEOUT) -> subprocess.CompletedProcess[str]:
-    cmd = [str(BIN / "deepspeed"), "--num_gpus", str(nproc), "--master_port",
-           str(free_port()), "--module", "dalle_dist", *args]
-    return _run(cmd, cwd, env, timeout)
+    return _run(command("deepspeed", *args, nproc=nproc), cwd, env, timeout)
 
 
 def horovodrun(*args: str, nproc: int = 2, cwd: Path | None = None,
                env: dict[str, str] | None = None,
                timeout: float = LAUNCH_TIMEOUT) -> subprocess.CompletedProcess[str]:
-    cmd = [str(BIN / "horovodrun"), "-np", str(nproc), "--gloo", sys.executable, "-m",
-           "dalle_dist", *args]
-    return _run(cmd, cwd, env, timeout)
+    return _run(command("horovodrun", *args, nproc=nproc), cwd, env, timeout)
 
 
-def bare_ranks(*args: str, world: int = 2, cwd: Path | None = None,
+def bare_ranks(*args: str, world: int = 2, cwd: Path | Sequence[Path] | None = None,
                env: dict[str, str] | None = None, timeout: float = 120,
                ) -> list[subprocess.CompletedProcess[str]]:
     """`world` plain `python -m dalle_dist` processes with torchrun's variables set.
 
     Without a launcher in between, each rank's exit status and stderr are its own:
-    this is how the per-rank error contract is checked.
+    this is how the per-rank error contract is checked. `cwd` may give each rank its own
+    folder, as if each were on a node of its own with files the others do not see.
     """
     port = str(free_port())
+    cwds = list(cwd) if isinstance(cwd, list | tuple) else [cwd] * world
     procs = []
     for rank in range(world):
         rank_env = _env({**(env or {}), "RANK": str(rank), "LOCAL_RANK": str(rank),
                          "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
-        procs.append(subprocess.Popen([sys.executable, "-m", "dalle_dist", *args], cwd=cwd,
-                                      env=rank_env, stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen([sys.executable, "-m", "dalle_dist", *args],
+                                      cwd=cwds[rank], env=rank_env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     return _wait_all(procs, timeout)
 
@@ -120,3 +162,25 @@ def torchrun_nodes(*args: str, nodes: int = 2, cwd: Path | None = None,
     procs = [subprocess.Popen(cmd, cwd=cwd, env=_env(env), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(nodes)]
     return _wait_all(procs, timeout)
+
+
+def logged_steps(metrics: Path) -> list[int]:
+    """The steps of a run's metrics lines, in the order written (a resumed run appends)."""
+    if not metrics.exists():
+        return []
+    return [json.loads(line)["step"] for line in metrics.read_text().splitlines()
+            if line.strip()]
+
+
+def logged_step(metrics: Path) -> int:
+    return max(logged_steps(metrics), default=0)
+
+
+def wait_for_step(proc: subprocess.Popen[str], metrics: Path, step: int,
+                  timeout: float = 180, after_line: int = 0) -> None:
+    """Until the run has logged `step` (in a line past the first `after_line` ones)."""
+    deadline = time.monotonic() + timeout
+    while max(logged_steps(metrics)[after_line:], default=0) < step:
+        assert proc.poll() is None, f"the run ended before step {step}: {proc.stdout.read()}"
+        assert time.monotonic() < deadline, "timed out waiting for training to progress"
+        time.sleep(0.005)

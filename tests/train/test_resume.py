@@ -7,7 +7,6 @@ was never interrupted: bit for bit on one process and on torch DDP over gloo (CP
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -45,24 +44,7 @@ def cli(*args: str) -> list[str]:
 
 
 def torchrun_cmd(*args: str, launcher_args: tuple[str, ...] = ()) -> list[str]:
-    return [str(launch.BIN / "torchrun"), "--nproc_per_node", "2", "--master_port",
-            str(launch.free_port()), *launcher_args, "-m", "dalle_dist", *args]
-
-
-def logged_step(metrics: Path) -> int:
-    if not metrics.exists():
-        return 0
-    lines = [line for line in metrics.read_text().splitlines() if line.strip()]
-    return max((json.loads(line)["step"] for line in lines), default=0)
-
-
-def wait_for_step(proc: subprocess.Popen[str], metrics: Path, step: int,
-                  timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while logged_step(metrics) < step:
-        assert proc.poll() is None, f"the run ended before step {step}: {proc.stdout.read()}"
-        assert time.monotonic() < deadline, "timed out waiting for training to progress"
-        time.sleep(0.005)
+    return launch.command("torchrun", *args, launcher_args=launcher_args)
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 240) -> tuple[int, str]:
@@ -104,10 +86,10 @@ def test_kill_9_at_a_random_step_then_resume_is_exact(seed: int, tiny_vae: Path,
     kill_at = random.Random(seed).randrange(3, TOTAL - 20)
     cmd = cli("train", "--vae_path", str(tiny_vae), *FLAGS, "--dalle_output_file_name", "dalle")
     proc = spawn(cmd, tmp_path)
-    wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", kill_at)
+    launch.wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", kill_at)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    killed_at = logged_step(tmp_path / "dalle.metrics.jsonl")
+    killed_at = launch.logged_step(tmp_path / "dalle.metrics.jsonl")
     assert killed_at < TOTAL
     saved = torch.load(tmp_path / "dalle.pt", weights_only=True)["step"]
     assert saved <= killed_at
@@ -122,7 +104,7 @@ def test_sigterm_saves_exits_0_and_resumes_exactly(tiny_vae: Path, tmp_path: Pat
                                                    uninterrupted: Path) -> None:
     cmd = cli("train", "--vae_path", str(tiny_vae), *FLAGS, "--dalle_output_file_name", "dalle")
     proc = spawn(cmd, tmp_path)
-    wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 12)
+    launch.wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 12)
     proc.send_signal(signal.SIGTERM)
     status, out = finish(proc)
     assert status == 0, out
@@ -139,7 +121,7 @@ def test_sigterm_saves_exits_0_and_resumes_exactly(tiny_vae: Path, tmp_path: Pat
 def test_sigint_is_a_polite_stop_too(tiny_vae: Path, tmp_path: Path) -> None:
     cmd = cli("train", "--vae_path", str(tiny_vae), *FLAGS, "--dalle_output_file_name", "dalle")
     proc = spawn(cmd, tmp_path)
-    wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 3)
+    launch.wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 3)
     proc.send_signal(signal.SIGINT)
     status, out = finish(proc)
     assert status == 0 and "stopped by SIGINT" in out, out
@@ -159,7 +141,7 @@ def test_kill_9_in_the_middle_of_a_save_keeps_the_previous_checkpoint(
     deadline = time.monotonic() + 180
     while True:
         partial = [p for p in tmp_path.glob(".dalle.pt.*.tmp") if p.stat().st_size > 0]
-        if partial and logged_step(tmp_path / "dalle.metrics.jsonl") >= 2:
+        if partial and launch.logged_step(tmp_path / "dalle.metrics.jsonl") >= 2:
             os.killpg(proc.pid, signal.SIGKILL)
             break
         assert proc.poll() is None and time.monotonic() < deadline, "no save was caught"
@@ -232,7 +214,7 @@ def test_sigterm_under_torchrun_saves_and_resumes_exactly(tiny_vae: Path, tmp_pa
     args = ("train", "--vae_path", str(tiny_vae), *DDP_FLAGS, "--dalle_output_file_name",
             "dalle")
     proc = spawn(torchrun_cmd(*args), tmp_path)
-    wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 10)
+    launch.wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 10)
     proc.send_signal(signal.SIGTERM)  # to torchrun, which passes it on to its workers
     _, out = finish(proc)
     assert "stopped by SIGTERM after step" in out, out[-3000:]
@@ -250,7 +232,7 @@ def test_sigterm_to_the_workers_ends_torchrun_with_status_0(tiny_vae: Path,
     args = ("train", "--vae_path", str(tiny_vae), *DDP_FLAGS, "--dalle_output_file_name",
             "dalle")
     proc = spawn(torchrun_cmd(*args), tmp_path)
-    wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 5)
+    launch.wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 5)
     workers = worker_pids(proc)
     assert len(workers) == 2, workers
     for pid in workers:
@@ -265,7 +247,7 @@ def test_torchrun_restarts_after_a_rank_is_killed_and_matches(tiny_vae: Path, tm
     args = ("train", "--vae_path", str(tiny_vae), *DDP_FLAGS, "--dalle_output_file_name",
             "dalle")
     proc = spawn(torchrun_cmd(*args, launcher_args=("--max-restarts", "2")), tmp_path)
-    wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 17)
+    launch.wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 17)
     workers = worker_pids(proc)
     assert len(workers) == 2, workers
     os.kill(workers[1], signal.SIGKILL)
