@@ -28,7 +28,7 @@ $(ENGINES): $(BASE) scripts/build_horovod.sh
 # Trains a VAE (or reuses the cached one) and DALL-E on the built-in shapes, then prints
 # "caption fidelity: F over N images" as its last line.
 demo: $(BASE)
-	$(BIN)/dalle-dist train --dalle_output_file_name $(DEMO_DIR)/dalle
+	$(BIN)/dalle-dist train --dalle_output_file_name $(DEMO_DIR)/dalle --overwrite
 
 lint: $(BASE)
 	$(BIN)/ruff check src tests bench
