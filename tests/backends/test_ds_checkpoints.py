@@ -19,7 +19,7 @@ import torch
 
 from tests import launch
 from tests.conftest import TINY_DALLE_FLAGS, assert_user_error, run_cli
-from tests.train.test_resume import finish, spawn, wait_for_step
+from tests.train.test_resume import finish, spawn
 
 STEPS_PER_EPOCH = 20
 FLAGS = [*TINY_DALLE_FLAGS, "--epochs", "2", "--batch_size", "16", "--shapes_count",
@@ -56,7 +56,7 @@ def test_zero_directory_stops_resumes_and_serves_single(stage: str, tiny_vae: Pa
     run = tmp_path / "run"
     run.mkdir()
     proc = spawn(ds_cmd(*args), run)
-    wait_for_step(proc, run / "dalle.metrics.jsonl", 8)
+    launch.wait_for_step(proc, run / "dalle.metrics.jsonl", 8)
     os.killpg(proc.pid, signal.SIGTERM)
     _, out = finish(proc)
     assert out.count("stopped by SIGTERM after step") == 1, out[-3000:]  # printed by rank 0

@@ -1,9 +1,9 @@
 """No silent overwrite: a run whose output name already holds a checkpoint stops before it
 writes anything, unless told to continue it (--resume auto) or to start over (--overwrite).
 
-Each case would pass if the check were missing only if the old checkpoint survived
-unchanged, and the checks compare bytes, so the refusal is what keeps it. DALLE-pytorch
-replaces the file at its first save without a word; that is the bug shown here.
+Without the check, the rerun would train and replace the old files at its first save
+(DALLE-pytorch does, without a word): the byte-for-byte snapshots below would differ and
+the refusal line would be missing.
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ def test_distributed_refusal_on_every_rank(tmp_path: Path, tiny_vae: Path) -> No
     out = tmp_path / "d"
     assert run_cli(*dalle(tiny_vae, out)).returncode == 0
     before = snapshot(tmp_path)
-    for flag in (["--distributed_backend", "torch"], ["--deepspeed"]):
+    for flag in (["--distributed_backend", "torch"], ["--distributed_backend", "fsdp"],
+                 ["--deepspeed"]):
         results = launch.bare_ranks(*dalle(tiny_vae, out, *flag), cwd=tmp_path, timeout=120)
         lines = {assert_user_error(r, "already holds a DALL-E checkpoint at step 4") for r in
                  results}
