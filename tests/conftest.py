@@ -69,19 +69,27 @@ def tiny_dalle(tmp_path_factory: pytest.TempPathFactory, tiny_vae: Path) -> Path
     return out
 
 
-#: A torch extension build that left its lock this long ago was killed mid-build; torch's
-#: FileBaton would wait for that lock forever.
-STALE_LOCK_S = 30 * 60
+#: Each venv builds torch extensions into its own folder. torch's default,
+#: ~/.cache/torch_extensions, is shared by every checkout on the machine: checkouts with
+#: different venv paths rebuild DeepSpeed's op over each other, and a build killed in one
+#: leaves a lock that torch's FileBaton makes the next checkout wait on forever (CI of
+#: stop 16 timed out that way: every test errored at setup after 600 s).
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+
+#: The op builds in 1-3 minutes on two cores; a lock in this venv's own folder older than
+#: this was left by a build that was killed, and nobody will ever remove it.
+STALE_LOCK_S = 10 * 60
+#: Under pytest-timeout's 600 s, so a stuck build fails with a message that names the lock.
+BUILD_TIMEOUT_S = 540
 
 
 @pytest.fixture(scope="session", autouse=True)
 def deepspeed_cpu_ops() -> Iterator[None]:
     """DeepSpeed on CPU compiles its shared-memory comm op on first use (1-3 minutes on two
-    cores, again for every venv path): build it once here, so no launch's timeout absorbs
-    the compile, and clear locks that a killed build left behind."""
-    cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR",
-                                Path.home() / ".cache" / "torch_extensions"))
-    for lock in cache.glob("*/*/lock"):
+    cores, once per venv): build it once here, so no launch's timeout absorbs the compile,
+    and clear locks that a killed build left behind."""
+    cache = Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    for lock in cache.glob("*/lock"):
         if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
             lock.unlink(missing_ok=True)
     code = ("from dalle_dist.ds_checkpoint import quiet_output\n"
@@ -89,7 +97,12 @@ def deepspeed_cpu_ops() -> Iterator[None]:
             "    from deepspeed.accelerator import get_accelerator\n"
             "    builder = get_accelerator().create_op_builder('ShareMemCommBuilder')\n"
             "    builder is None or builder.load()\n")
-    subprocess.run([sys.executable, "-c", code], timeout=1200, check=True)
+    try:
+        subprocess.run([sys.executable, "-c", code], timeout=BUILD_TIMEOUT_S, check=True)
+    except subprocess.TimeoutExpired:
+        locks = [str(lock) for lock in cache.glob("*/lock")]
+        pytest.fail(f"DeepSpeed's CPU op did not build in {BUILD_TIMEOUT_S} s; "
+                    f"locks left in {cache}: {locks or 'none'}")
     started = time.time()
     yield
     # Ranks killed by the tests cannot remove their DeepSpeed shared-memory buffers.

@@ -213,7 +213,7 @@ def test_train_vae_image_size_not_divisible(tmp_path: Path) -> None:
 
 
 BAD_TRAIN_VALUES = [("--batch_size", "0"), ("--batch_size", "-1"), ("--epochs", "0"),
-                    ("--learning_rate", "-0.1")]
+                    ("--learning_rate", "-0.1"), ("--collective_timeout", "0")]
 
 
 @pytest.mark.parametrize(("flag", "value"), BAD_TRAIN_VALUES)
@@ -227,6 +227,12 @@ def test_train_bad_training_value(tmp_path: Path, tiny_vae: Path, flag: str, val
                                   ) -> None:
     run_failing(tmp_path, ["train", "--vae_path", str(tiny_vae), *TINY_DALLE_FLAGS, flag, value,
                            "--dalle_output_file_name", str(tmp_path / "dalle")], flag, value)
+
+
+def test_train_builtin_vae_epochs_zero(tmp_path: Path) -> None:
+    run_failing(tmp_path, ["train", *TINY_DALLE_FLAGS, "--builtin_vae_epochs", "0",
+                           "--dalle_output_file_name", str(tmp_path / "dalle")],
+                "--builtin_vae_epochs must be >= 1")
 
 
 @pytest.mark.parametrize(("flags", "fragment"), [

@@ -64,7 +64,7 @@ def backend_from_args(args: argparse.Namespace) -> DistributedBackend:
     timeout = getattr(args, "collective_timeout", DEFAULT_TIMEOUT_S)
     if not timeout > 0:
         raise ConfigError(f"--collective_timeout must be positive, got {timeout:g}",
-                          f"give seconds, e.g. {DEFAULT_TIMEOUT_S:.0f} (the default)")
+                          f"give a number of seconds; the default is {DEFAULT_TIMEOUT_S:.0f}")
     if name not in BACKENDS:
         raise ConfigError(f"unknown --distributed_backend {name!r}",
                           f"known backends: {', '.join(BACKENDS)}")
