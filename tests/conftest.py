@@ -38,7 +38,13 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
 
 
 def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
-    """DESIGN.md's contract: exit 2, exactly one line `error: ...` on stderr, no traceback."""
+    """DESIGN.md's contract: exit 2, exactly one line `error: ...` on stderr, no traceback.
+
+    The line also goes through `dalle-dist doctor` (tests/diagnose/own_errors.py): a
+    reworded message that doctor no longer recognises fails here, in the test that printed it.
+    """
+    from tests.diagnose.own_errors import check_doctor_reads
+
     stderr = result.stderr.strip()
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
@@ -46,6 +52,7 @@ def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str)
     assert stderr.startswith("error: "), stderr
     for fragment in fragments:
         assert fragment in stderr, (fragment, stderr)
+    check_doctor_reads(stderr)
     return stderr
 
 

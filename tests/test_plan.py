@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from dalle_dist import plan
 from dalle_dist.model import ATTN_IMPLS, DALLE, PATTERNS, DALLEConfig, DiscreteVAE, VAEConfig
 from dalle_dist.model.attention import CONV_GATHER_MIN_SIDE, resolve_impl
 from dalle_dist.model.patterns import SequenceLayout, SparsePattern, build_pattern
-from tests.conftest import assert_user_error
+from tests.conftest import assert_user_error, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -201,14 +200,18 @@ def test_recommend() -> None:
     assert text.startswith("bf16 / fp16: fits with torch DDP up to batch ")
     assert "fp32: fits with torch DDP" in text
 
+    # 441M parameters under DDP with bf16 autocast hold 16 bytes each (fp32 weights, grads,
+    # Adam's two moments): 7.1 GB, a tenth of 72 GB usable, so 8 samples per GPU fit and
+    # DDP, the cheapest backend, is the answer. Fails if recommend() skips a backend that
+    # fits, or if the DDP row's peak grows past the GPU (e.g. unsharded states counted 8x).
     rows = plan.estimate(big_config(), batch=64, gpus=8, precisions=("bf16",))
     budget = int(80 * gb * plan.USABLE_FRACTION)
     ddp = next(r for r in rows if r.backend == "torch")
+    assert plan.dalle_parameters(big_config()) == 441_127_952
+    assert 16 * 441_127_952 < budget // 10
+    assert ddp.micro_batch == 8 and ddp.peak <= budget and ddp.max_batch(budget) >= 64
     text = plan.recommend(rows, 80 * gb)
-    if ddp.max_batch(budget) >= 64:
-        assert text.startswith(f"bf16: fits with torch DDP up to batch {ddp.max_batch(budget)}")
-    else:
-        assert f"(torch DDP: up to {ddp.max_batch(budget)})" in text
+    assert text.startswith(f"bf16: fits with torch DDP up to batch {ddp.max_batch(budget)};")
 
     huge = dalle_config(dim=4096, depth=64, heads=32, dim_head=128)
     text = plan.recommend(plan.estimate(huge, batch=2, gpus=2, precisions=("bf16",)), 24 * gb)
@@ -237,28 +240,19 @@ def test_plan_module_does_not_import_torch() -> None:
 
 
 # -- the command ---------------------------------------------------------------------
+# Through the real entry point: dalle_dist.cli.main as `dalle-dist` builds it, nothing added
+# to its parser, and once as a real `python -m dalle_dist` process. If `plan` is not
+# registered in cli/__init__.py, every test below fails (argparse: invalid choice).
+
 
 def plan_main(args: list[str]) -> int:
-    """dalle_dist.cli.main with `plan` registered (cli/__init__.py may not list it yet)."""
-    import dalle_dist.cli as cli
-    from dalle_dist.cli.parser import subcommand_parser
-    from dalle_dist.cli.plan_cmd import add_plan
+    """`dalle-dist plan ARGS` in this process; argparse's exits become the status."""
+    from dalle_dist.cli import main
 
-    original = cli.build_parser
-
-    def build() -> argparse.ArgumentParser:
-        parser = original()
-        if subcommand_parser(parser, "plan") is None:
-            for action in parser._actions:
-                if isinstance(action, argparse._SubParsersAction):
-                    add_plan(action)
-        return parser
-
-    cli.build_parser = build
     try:
-        return cli.main(["plan", *args])
-    finally:
-        cli.build_parser = original
+        return main(["plan", *args])
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
 
 
 def test_plan_prints_a_table_and_a_recommendation(capsys: pytest.CaptureFixture[str]) -> None:
@@ -269,7 +263,17 @@ def test_plan_prints_a_table_and_a_recommendation(capsys: pytest.CaptureFixture[
     assert out.strip().splitlines()[-1].startswith("recommendation: bf16 / fp16: fits with")
 
 
+def meta_parameters(module: type, config: object) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in module(config).parameters())
+
+
 def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """The report against models built from the same flags by hand, on the meta device.
+
+    Fails if `plan` drops a flag on the way to the config (e.g. --attn_types or --depth
+    ignored, `train`'s defaults not applied) or counts parameters unlike the real model.
+    """
     assert plan_main(["--json", "--precision", "bf16", "--gpus", "2", "--batch_size", "8",
                       "--attn_types", "full,axial_row", "--device", "cpu"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -287,8 +291,29 @@ def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
             "optimizer", "activations", "buffers", "peak", "fits", "max_batch",
             "items"} <= set(row)
     assert (row["backend"], row["precision"], row["micro_batch"]) == ("torch", "bf16", 4)
-    assert report["parameters"]["dalle"] == plan.dalle_parameters(
-        DALLEConfig.from_dict(report["model"]["dalle"]))
+    # The command's defaults, written out: the byte tokenizer's 257 ids, 48 text tokens,
+    # dim 128, depth 4, 4 heads of 32, ff_mult 4; the VAE's own defaults.
+    vae = VAEConfig()
+    dalle = DALLEConfig(num_text_tokens=257, text_seq_len=48,
+                        num_image_tokens=vae.num_tokens, image_fmap_size=vae.fmap_size,
+                        dim=128, depth=4, heads=4, dim_head=32, ff_mult=4,
+                        attn_types=("full", "axial_row"))
+    assert report["parameters"] == {"dalle": meta_parameters(DALLE, dalle),
+                                    "vae": meta_parameters(DiscreteVAE, vae)}
+    assert report["sequence"] == {"text": 49, "image": vae.fmap_size ** 2,
+                                  "length": 48 + vae.fmap_size ** 2}
+    # DDP keeps fp32 weights on every GPU: 4 bytes per parameter.
+    assert row["params"] == 4 * report["parameters"]["dalle"]
+
+
+def test_plan_runs_as_a_real_command() -> None:
+    """`python -m dalle_dist plan`, as a user types it (fails if plan is not registered)."""
+    result = run_cli("plan", "--json", "--precision", "fp32", "--depth", "2")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["model"]["dalle"]["depth"] == 2
+    assert {r["precision"] for r in report["rows"]} == {"fp32"}
+    assert_user_error(run_cli("plan", "--gpu_memory", "80"), "--gpu_memory '80'")
 
 
 @pytest.mark.parametrize(("args", "fragment"), [

@@ -411,6 +411,8 @@ SIGNATURES: tuple[Signature, ...] = (
          r"(?: \((?P<hint>use --batch_size [^)]*)\))?",
          r"\(DeepSpeed's train_batch_size\) is not divisible by --ga_steps",
          r"train_batch_size \d+ != micro batch \d+ x --ga_steps",
+         r"--deepspeed_config (?:.+ )?sets (?:train_batch_size|gradient_accumulation_steps) \d+ "
+         r"but --(?:batch_size|ga_steps) is \d+",
          r"(?:Train batch size|Micro batch size per gpu|Gradient accumulation steps): -?\d+ "
          r"has to be greater than 0"),
         "the batch size does not split over ranks and gradient accumulation steps "
