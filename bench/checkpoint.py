@@ -155,8 +155,7 @@ def rank_main(name: str, args: argparse.Namespace) -> None:
     for batch_data in loader.epoch(0):
         outputs = engine.forward(*task.inputs(batch_data, device))
         engine.backward(outputs["loss"])
-        engine.clip_grad_norm(train_cfg.clip_grad_norm)
-        engine.step()
+        engine.clip_and_step(train_cfg.clip_grad_norm)
         engine.zero_grad()
     saved_digest = engine.rank_digest()  # collective for sharded engines
 

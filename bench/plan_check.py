@@ -136,8 +136,7 @@ def _train_steps(case: Case, device: str, steps: int, before_last: object = None
             tokens = vae.get_codebook_indices(images.to(dev))
         outputs = engine.forward(text.to(dev), tokens)
         engine.backward(outputs["loss"])
-        engine.clip_grad_norm(0.5)
-        engine.step()
+        engine.clip_and_step(0.5)
         engine.zero_grad()
         del outputs, tokens
 

@@ -103,6 +103,15 @@ class Engine:
             self.precision.scaler.unscale_(self.optimizer)
         return float(torch.nn.utils.clip_grad_norm_(self._parameters_to_clip(), max_norm))
 
+    def clip_and_step(self, max_norm: float | None) -> float | None:
+        """Clip (when max_norm) and take the optimizer step. Returns the global gradient
+        norm before clipping, None where it is not computed: logged per step, it is what
+        shows a gradient summed instead of averaged over ranks (clipping and Adam hide it
+        from the weights)."""
+        norm = self.clip_grad_norm(max_norm)
+        self.step()
+        return norm
+
     def step(self) -> None:
         scaler = self.precision.scaler
         if scaler is None:
@@ -117,6 +126,12 @@ class Engine:
     @property
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+    @property
+    def loss_scale(self) -> float | None:
+        """fp16's current loss scale (None without a scaler); read at log steps only."""
+        scaler = self.precision.scaler
+        return None if scaler is None else float(scaler.get_scale())
 
     # -- state -----------------------------------------------------------------------
 
@@ -142,7 +157,8 @@ class Engine:
                                         options=StateDictOptions(full_state_dict=True))
 
     def rank_digest(self) -> str:
-        """Hash of the full weights as this rank sees them (sharded engines gather first)."""
+        """Hash of the weights this rank holds: the whole model on replicas (all ranks must
+        agree), the rank's own shard on sharded engines (shards differ by design)."""
         return parameter_digest(self.module.state_dict())
 
     def save(self, path: str | Path, meta: dict[str, Any], keep_n: int | None = None) -> None:
@@ -154,9 +170,11 @@ class Engine:
         weights, optimizer = self.full_state_dict(), self.optimizer_state_dict()
         if self.is_root:
             scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
+            # fp16's loss scale and its growth count, so a resumed run scales as before.
+            scaler = self.precision.scaler.state_dict() if self.precision.scaler else None
             with self.working_alone():
-                write_checkpoint_file(path, {**meta, "weights": weights,
-                                             "optimizer": optimizer, "scheduler": scheduler})
+                write_checkpoint_file(path, {**meta, "weights": weights, "optimizer": optimizer,
+                                             "scheduler": scheduler, "scaler": scaler})
                 if keep_n:
                     keep_history(path, meta["step"], keep_n)
 
@@ -166,6 +184,8 @@ class Engine:
         optimizer = payload.get("optimizer")
         if self.scheduler is not None and payload.get("scheduler"):
             self.scheduler.load_state_dict(payload["scheduler"])
+        if self.precision.scaler is not None and payload.get("scaler"):
+            self.precision.scaler.load_state_dict(payload["scaler"])
         if not optimizer:
             return None if payload.get("step", 0) == 0 else "the checkpoint holds none"
         self._load_optimizer(optimizer)

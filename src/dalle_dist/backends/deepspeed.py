@@ -97,6 +97,20 @@ class DeepSpeedEngine(Engine):
     def clip_grad_norm(self, max_norm: float | None) -> float | None:
         return None  # done in step() by DeepSpeed, from the config's gradient_clipping
 
+    def clip_and_step(self, max_norm: float | None) -> float | None:
+        """DeepSpeed clips inside its step. Its ZeRO and bf16 optimizers report the norm
+        they computed; a plain torch optimizer (stage 0, fp32) reports none, but there
+        the averaged gradients are whole on every rank after backward, so it is taken
+        before the step zeroes them."""
+        dense = None
+        if self.stage == 0:
+            grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+            dense = torch.nn.utils.get_total_norm(grads) if grads else None
+        self.ds_engine.step()
+        reported = self.ds_engine.get_global_grad_norm()
+        norm = reported if reported is not None else dense
+        return None if norm is None else float(norm)
+
     def step(self) -> None:
         self.ds_engine.step()
 
@@ -119,11 +133,9 @@ class DeepSpeedEngine(Engine):
     def rank_digest(self) -> str:
         if self.stage != 3:
             return super().rank_digest()
-        import deepspeed
-
-        params = list(self.module.parameters())
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            return parameter_digest(dict(self.module.named_parameters()))
+        # ZeRO-3: this rank's own partition of each parameter (see FSDPEngine.rank_digest).
+        return parameter_digest({name: param.ds_tensor
+                                 for name, param in self.module.named_parameters()})
 
     def save(self, path: str | Path, meta: dict[str, Any], keep_n: int | None = None) -> None:
         """DeepSpeed's own tag (all ranks), our metadata in it and beside it, a single

@@ -40,9 +40,10 @@ class FSDPEngine(Engine):
         return state if self.is_root else None
 
     def rank_digest(self) -> str:
-        full = get_model_state_dict(self.module,
-                                    options=StateDictOptions(full_state_dict=True))
-        return parameter_digest(full)
+        """This rank's own shards: gathering first would make every rank's hash equal by
+        construction (and hold the whole model on every rank)."""
+        return parameter_digest({name: param.to_local()
+                                 for name, param in self.module.named_parameters()})
 
     def _load_optimizer(self, optimizer: dict[str, Any]) -> None:
         # Every rank read the file: each takes its own shard of the full state.

@@ -66,3 +66,34 @@ class Precision:
             self.scaler.scale(loss).backward()
         else:
             loss.backward()
+
+
+#: The layers whose output dtype shows the precision a step really computed in.
+_MATMUL_LAYERS = (nn.Linear, nn.Conv2d, nn.ConvTranspose2d)
+
+
+@contextlib.contextmanager
+def matmul_dtypes(module: nn.Module) -> Iterator[set[torch.dtype]]:
+    """The dtypes the module's linear and conv layers produced while inside.
+
+    Metadata only (no device sync). The loop watches its first step with it and logs the
+    answer, so a precision flag that was silently dropped (autocast never entered, a
+    DeepSpeed bf16 section left disabled) shows as float32 in the log.
+    """
+    seen: set[torch.dtype] = set()
+
+    def record(_layer: nn.Module, _inputs: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor):
+            seen.add(output.dtype)
+
+    handles = [layer.register_forward_hook(record)
+               for layer in module.modules() if isinstance(layer, _MATMUL_LAYERS)]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def dtype_names(dtypes: set[torch.dtype]) -> str:
+    return ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes)) or "none seen"

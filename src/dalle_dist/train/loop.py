@@ -7,8 +7,9 @@ it; only the root logs and writes files.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from dalle_dist.backends import DistributedBackend, Engine
+from dalle_dist.backends.precision import dtype_names, matmul_dtypes
 from dalle_dist.data import EpochLoader, WebDatasetLoader
 from dalle_dist.data.images import save_png
 from dalle_dist.errors import Stopped
@@ -91,15 +93,16 @@ def inference_model(task: Task, engine: Engine, backend: DistributedBackend) -> 
 def write_samples(task: Task, engine: Engine, backend: DistributedBackend, batch: Batch,
                   path: Path) -> None:
     """A sample grid, drawn on a forked RNG: how often samples are taken must not change
-    the random numbers training sees (or a resumed run would diverge)."""
-    with backend.waiting(f"the sample grid {path.name}"):
-        model = inference_model(task, engine, backend)
-    if model is None:
-        return
+    the random numbers training sees (or a resumed run would diverge). The fork covers
+    building the inference copy too: initialising its weights draws from the RNG."""
     device = backend.device
-    with engine.working_alone(), torch.random.fork_rng(
-            devices=[device] if device.type == "cuda" else []):
-        save_png(task.sample_grid(model, batch, device), path)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with backend.waiting(f"the sample grid {path.name}"):
+            model = inference_model(task, engine, backend)
+        if model is None:
+            return
+        with engine.working_alone():
+            save_png(task.sample_grid(model, batch, device), path)
 
 
 def save_checkpoint(task: Task, engine: Engine, backend: DistributedBackend, paths: RunPaths,
@@ -115,14 +118,33 @@ def save_checkpoint(task: Task, engine: Engine, backend: DistributedBackend, pat
 
 
 def check_replicas(engine: Engine, backend: DistributedBackend, log: RunLog) -> list[str]:
-    """Every rank's parameter digest; the log says whether all ranks hold the same model."""
+    """Every rank's parameter digest; the log says whether all ranks hold the same model.
+
+    Sharded engines hash each rank's own shard, so their line lists the shards' digests
+    and claims no agreement (equal digests there would mean nothing was sharded)."""
     with backend.waiting("the parameter comparison at the end"):
         digests = backend.all_gather_object(engine.rank_digest(), "the digest gather")
-    if len(set(digests)) == 1:
+    if engine.shards_parameters:
+        log.info(f"parameters sharded over {len(digests)} rank(s): shard digests "
+                 f"{' '.join(digests)}")
+    elif len(set(digests)) == 1:
         log.info(f"parameters identical on {len(digests)} rank(s): digest {digests[0]}")
     else:
         log.info(f"warning: ranks hold different parameters: {', '.join(digests)}")
     return digests
+
+
+@contextlib.contextmanager
+def _watch_precision(engine: Engine, backend: DistributedBackend, log: RunLog,
+                     first: bool) -> Iterator[None]:
+    """On this process's first step, log the dtype the model's matmuls really ran in."""
+    if not first:
+        yield
+        return
+    with matmul_dtypes(engine.module) as seen:
+        yield
+    log.info(f"precision {backend.precision_name}: the first step's matmuls ran in "
+             f"{dtype_names(seen)}")
 
 
 def loss_and_stop(loss: torch.Tensor, backend: DistributedBackend) -> tuple[float, bool]:
@@ -169,17 +191,18 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
             after_first_save()
     log.start_progress(config.epochs * len(data), state.step, f"train {task.kind}")
     window = MetricWindow()
+    first_step = state.step
 
     for epoch in range(state.epoch, config.epochs):
         for batch in data.epoch(epoch, start=state.batch):
             # Every wait for the other ranks is bounded and named (backends/watch.py).
             with backend.waiting(f"step {state.step + 1}"):
-                with backend.waiting("the forward and backward pass"):
+                with backend.waiting("the forward and backward pass"), \
+                        _watch_precision(engine, backend, log, state.step == first_step):
                     outputs = engine.forward(*task.inputs(batch, device))
                     engine.backward(outputs["loss"])
                 with backend.waiting("the optimizer step"):
-                    grad_norm = engine.clip_grad_norm(config.clip_grad_norm)
-                    engine.step()
+                    grad_norm = engine.clip_and_step(config.clip_grad_norm)
                     engine.zero_grad()
                 state.step += 1
                 task.after_step(state.step, engine)
@@ -189,8 +212,10 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
             log.progress(loss=loss)
 
             if config.log_every_n_steps and state.step % config.log_every_n_steps == 0:
+                scale = engine.loss_scale
                 log.metrics({"step": state.step, "epoch": epoch, **window.means(),
-                             "lr": engine.lr, **task.step_metrics(state.step)})
+                             "lr": engine.lr, **task.step_metrics(state.step),
+                             **({"loss_scale": scale} if scale is not None else {})})
                 window = MetricWindow()
             if config.sample_every_n_steps and state.step % config.sample_every_n_steps == 0:
                 write_samples(task, engine, backend, batch,
