@@ -5,6 +5,13 @@ scheduler does) saves its directory and exits; resumed under deepspeed it ends w
 uninterrupted run ends (allclose: DeepSpeed's reductions are not bitwise reproducible
 across a restart). The stopped directory also samples with `generate` and resumes on the
 single backend directly (its weights consolidated with DeepSpeed's zero_to_fp32).
+
+The oracle for that single-backend resume is the stopped run's own weights, not an
+uninterrupted run: the single backend starts a fresh optimizer and reseeds the RNG (one
+rank instead of two), so it cannot retrace either DeepSpeed run; what it must do is start
+from exactly the weights the stopped run held. Those are the single file the DeepSpeed run
+wrote beside its tag at the stop (gathered from the live engine), compared with the
+single run's first save (consolidated from the tag's partition files on disk).
 """
 
 from __future__ import annotations
@@ -22,11 +29,20 @@ from tests.conftest import TINY_DALLE_FLAGS, assert_user_error, run_cli
 from tests.train.test_resume import finish, spawn
 
 STEPS_PER_EPOCH = 20
+SAVE_EVERY = 6
 FLAGS = [*TINY_DALLE_FLAGS, "--epochs", "2", "--batch_size", "16", "--shapes_count",
-         str(STEPS_PER_EPOCH * 16), "--fidelity_images", "0", "--save_every_n_steps", "6",
+         str(STEPS_PER_EPOCH * 16), "--fidelity_images", "0",
+         "--save_every_n_steps", str(SAVE_EVERY),
          "--log_every_n_steps", "1", "--resume", "auto", "--deepspeed",
          "--keep_n_checkpoints", "2"]
 RTOL, ATOL = 1e-4, 1e-5
+
+
+def saved_steps(total: int = 2 * STEPS_PER_EPOCH) -> list[int]:
+    """The steps an uninterrupted run of FLAGS saves at: before step 1, every SAVE_EVERY
+    steps, and at each epoch's end (the periodic save yields to it)."""
+    return [0, *(s for s in range(1, total + 1)
+                 if s % STEPS_PER_EPOCH == 0 or s % SAVE_EVERY == 0)]
 
 
 def ds_cmd(*args: str) -> list[str]:
@@ -65,7 +81,12 @@ def test_zero_directory_stops_resumes_and_serves_single(stage: str, tiny_vae: Pa
     latest = (directory / "latest").read_text().strip()
     assert latest == f"global_step{stopped_at}"
     tags = sorted(p.name for p in directory.iterdir() if p.name.startswith("global_step"))
-    assert len(tags) <= 2, f"--keep_n_checkpoints 2 keeps two tags: {tags}"
+    # --keep_n_checkpoints 2: the stop's tag and the save before it, nothing older (fails
+    # if pruning keeps too many or too few, or drops the newest instead of the oldest).
+    previous = max(s for s in saved_steps() if s < stopped_at)
+    assert tags == sorted([f"global_step{previous}", f"global_step{stopped_at}"]), tags
+    stopped_weights = torch.load(run / "dalle.pt", weights_only=True)
+    assert stopped_weights["step"] == stopped_at
 
     # The single-file view of the stopped run, consolidated from the ZeRO partitions.
     samples = run_cli("generate", "--dalle_path", str(directory), "--text", "a red circle",
@@ -75,12 +96,23 @@ def test_zero_directory_stops_resumes_and_serves_single(stage: str, tiny_vae: Pa
     assert len(list((tmp_path / "outputs").rglob("*.png"))) == 3  # 2 images + the grid
     single = run_cli("train", "--resume", str(directory), "--epochs", "2", "--batch_size",
                      "16", "--shapes_count", str(STEPS_PER_EPOCH * 16), "--fidelity_images",
-                     "0", "--dalle_output_file_name", str(tmp_path / "single"))
+                     "0", "--keep_n_checkpoints", "5",
+                     "--dalle_output_file_name", str(tmp_path / "single"))
     assert single.returncode == 0, single.stderr
     assert f"resuming {directory} at step {stopped_at}" in single.stdout
     assert "the optimizer starts fresh" in single.stdout
+    # Its save before its first step holds the weights it started from: exactly the
+    # stopped run's (fails if the consolidation reads another tag, misplaces ZeRO
+    # partitions, or the single backend keeps its fresh initialisation).
+    started = torch.load(tmp_path / "single-checkpoints" / f"step-{stopped_at:07d}.pt",
+                         weights_only=True)
+    assert started["weights"].keys() == stopped_weights["weights"].keys()
+    for name, tensor in stopped_weights["weights"].items():
+        assert torch.equal(started["weights"][name], tensor), name
     resumed = torch.load(tmp_path / "single.pt", weights_only=True)
     assert resumed["step"] == 2 * STEPS_PER_EPOCH and resumed["backend"] == "single"
+    assert any(not torch.equal(resumed["weights"][k], v)
+               for k, v in started["weights"].items()), "it trained on from there"
 
     # A save cut short after DeepSpeed wrote a newer tag, before `latest` moved: ignored.
     broken = directory / f"global_step{stopped_at + 1}"

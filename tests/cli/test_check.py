@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_DALLE_FLAGS, assert_user_error
+from tests.conftest import TINY_DALLE_FLAGS, assert_user_error, run_cli
 
 SITE = Path(sysconfig.get_paths()["purelib"])
 
@@ -150,6 +150,11 @@ def test_human_report_and_cuda_smoke_on_a_cpu_machine() -> None:
     assert "cuda smoke: failed: no CUDA device" in text
 
 
-def test_bad_arguments_exit_2() -> None:
-    result = run(Path(sys.executable), "check", "--backend", "mpi")
-    assert result.returncode == 2 and result.stderr.startswith("error: ")
+def test_bad_arguments_exit_2(tmp_path: Path) -> None:
+    """One `error:` line naming the bad value and the known backends, no report printed
+    (fails if check probes the environment or prints before validating --backend) and
+    nothing written where it ran."""
+    result = run_cli("check", "--backend", "mpi", cwd=tmp_path)
+    assert_user_error(result, "--backend", "'mpi'", "single", "deepspeed", "horovod")
+    assert result.stdout == "", result.stdout
+    assert not list(tmp_path.iterdir()), "nothing written"

@@ -21,9 +21,14 @@ from PIL import Image
 
 from tests.conftest import TINY_DALLE_FLAGS, TINY_VAE_FLAGS, assert_user_error, run_cli
 
-# A check that runs after training started would need minutes with the default sizes, so a
-# run past this is a check in the wrong place rather than a slow machine.
+# A hang guard only: a failing command that never returns fails its test instead of stalling
+# the suite. Whether a check ran before training is read off what the run printed and
+# wrote (run_failing), never off how long it took: a tiny run trains in seconds.
 ERROR_TIMEOUT_S = 90.0
+#: What the training loop prints once it is reached: the model summary right before it,
+#: the progress bar it starts (`train dalle`, `train vae`) and its first step's line.
+LOOP_MARKERS = ("training a VAE:", "training DALL-E:", "train dalle", "train vae",
+                "the first step's matmuls")
 
 
 def snapshot(root: Path) -> set[str]:
@@ -53,7 +58,9 @@ UNPRIVILEGED = (["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
 def run_failing(tmp_path: Path, args: Sequence[str], *fragments: str,
                 prefix: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
-    """Run the CLI, insist on the error contract and on no new file under tmp_path.
+    """Run the CLI, insist on the error contract, on no new file under tmp_path, and on
+    the error coming before training: nothing the training loop prints was printed (fails
+    for a check moved into the loop, even one that cleaned its files up before exiting).
 
     The built-in VAE cache is redirected into tmp_path too, so a command that wrongly fell
     back to training one would show up as new files rather than pollute the home folder.
@@ -64,6 +71,9 @@ def run_failing(tmp_path: Path, args: Sequence[str], *fragments: str,
     assert_user_error(result, *fragments)
     after = snapshot(tmp_path)
     assert after == before, f"files left behind: {sorted(after - before)}"
+    printed = result.stdout + result.stderr
+    reached = [marker for marker in LOOP_MARKERS if marker in printed]
+    assert not reached, f"the training loop was reached: {reached}\n{result.stdout}"
     return result
 
 

@@ -57,6 +57,13 @@ def finish(proc: subprocess.Popen[str], timeout: float = 240) -> tuple[int, str]
     return proc.returncode, out
 
 
+def stopped_step(out: str, signal_name: str) -> int:
+    """N of the run's one "stopped by SIGNAL after step N: saved ..." line."""
+    lines = [line for line in out.splitlines() if f"stopped by {signal_name} after step " in line]
+    assert len(lines) == 1, out[-3000:]
+    return int(lines[0].split("after step ")[1].split(":")[0])
+
+
 def assert_same_training_state(got: Path, expected: Path) -> None:
     """Bit for bit: every weight and every optimizer tensor."""
     a = torch.load(got, weights_only=True)
@@ -119,6 +126,8 @@ def test_sigterm_saves_exits_0_and_resumes_exactly(tiny_vae: Path, tmp_path: Pat
 
 
 def test_sigint_is_a_polite_stop_too(tiny_vae: Path, tmp_path: Path) -> None:
+    """Ctrl-C saves where it stops: fails if the stop line names a step the checkpoint does
+    not hold (no save on the stop, or a save before the step that was reported)."""
     cmd = cli("train", "--vae_path", str(tiny_vae), *FLAGS, "--dalle_output_file_name", "dalle")
     proc = spawn(cmd, tmp_path)
     launch.wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 3)
@@ -126,6 +135,9 @@ def test_sigint_is_a_polite_stop_too(tiny_vae: Path, tmp_path: Path) -> None:
     status, out = finish(proc)
     assert status == 0 and "stopped by SIGINT" in out, out
     assert "Traceback" not in out
+    stopped_at = stopped_step(out, "SIGINT")
+    assert 3 <= stopped_at < TOTAL
+    assert torch.load(tmp_path / "dalle.pt", weights_only=True)["step"] == stopped_at
 
 
 def test_kill_9_in_the_middle_of_a_save_keeps_the_previous_checkpoint(
@@ -232,14 +244,19 @@ def test_sigterm_to_the_workers_ends_torchrun_with_status_0(tiny_vae: Path,
     args = ("train", "--vae_path", str(tiny_vae), *DDP_FLAGS, "--dalle_output_file_name",
             "dalle")
     proc = spawn(torchrun_cmd(*args), tmp_path)
-    launch.wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 5)
+    # Past step 5, so the stop's step is unlikely to be a --save_every_n_steps one, whose
+    # periodic save would hold the right step even if the stop saved nothing.
+    launch.wait_for_step(proc, tmp_path / "dalle.metrics.jsonl", 6)
     workers = worker_pids(proc)
     assert len(workers) == 2, workers
     for pid in workers:
         os.kill(pid, signal.SIGTERM)
     status, out = finish(proc)
     assert status == 0, out[-3000:]
-    assert "stopped by SIGTERM" in out
+    # Fails if the ranks stop without saving, or at different steps than the one reported.
+    stopped_at = stopped_step(out, "SIGTERM")
+    assert 6 <= stopped_at < TOTAL
+    assert torch.load(tmp_path / "dalle.pt", weights_only=True)["step"] == stopped_at
 
 
 def test_torchrun_restarts_after_a_rank_is_killed_and_matches(tiny_vae: Path, tmp_path: Path,

@@ -9,7 +9,13 @@ import torch
 from PIL import Image
 
 from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
-from tests.conftest import TINY_DALLE_FLAGS, TINY_TRAIN_FLAGS, TINY_VAE_FLAGS, run_cli
+from tests.conftest import (
+    TINY_DALLE_FLAGS,
+    TINY_TRAIN_FLAGS,
+    TINY_VAE_FLAGS,
+    assert_user_error,
+    run_cli,
+)
 
 STEPS_PER_EPOCH = 64 // 16  # --shapes_count 64 at --batch_size 16, last partial batch dropped
 
@@ -119,11 +125,13 @@ def test_folder_without_vae_path_is_refused(tmp_path: Path) -> None:
     folder.mkdir()
     Image.new("RGB", (16, 16), "red").save(folder / "a.png")
     (folder / "a.txt").write_text("red\n")
+    before = sorted(tmp_path.rglob("*"))
     result = run_cli("train", "--image_text_folder", str(folder),
-                     "--dalle_output_file_name", str(tmp_path / "dalle"))
-    assert result.returncode == 2
-    assert "--vae_path is required" in result.stderr
-    assert not (tmp_path / "dalle.pt").exists()
+                     "--dalle_output_file_name", str(tmp_path / "dalle"), cwd=tmp_path,
+                     env={"DALLE_DIST_CACHE": str(tmp_path / "cache")})
+    assert_user_error(result, "--vae_path is required")
+    # Fails if the refusal comes after a VAE was trained (into the cache) or a save began.
+    assert sorted(tmp_path.rglob("*")) == before, "nothing written"
 
 
 def test_sample_grids_do_not_change_training(tmp_path: Path, tiny_vae: Path) -> None:
