@@ -4,7 +4,9 @@ Every backend saves the optimizer state keyed by parameter name, so Adam's momen
 between a plain module, DDP, FSDP's sharded DTensors and Horovod. One epoch on backend A,
 then the second epoch on backend B, must end where two epochs on one process end
 (allclose: the world size changes, so float sums run in another order; no dropout, so
-the reseeded RNG streams play no part).
+the reseeded RNG streams play no part), with every step's gradient norm equal to the
+reference's: Adam and clipping would hide a gradient scaled by the world size from the
+weights.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import pytest
 import torch
 
 from tests import launch
+from tests.backends.runs import assert_same_norms, grad_norms
 from tests.conftest import TINY_DALLE_FLAGS, run_cli
 
 BATCH = 16
 STEPS_PER_EPOCH = 4
 COMMON = [*TINY_DALLE_FLAGS, "--shapes_count", str(BATCH * STEPS_PER_EPOCH),
-          "--fidelity_images", "0", "--learning_rate", "3e-3", "--save_every_n_steps", "0"]
+          "--fidelity_images", "0", "--learning_rate", "3e-3", "--save_every_n_steps", "0",
+          "--log_every_n_steps", "1"]
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -66,6 +70,13 @@ def test_first_epoch_on_one_backend_second_on_another(first: str, second: str,
     got = torch.load(tmp_path / "second.pt", weights_only=True)
     expected = torch.load(two_epochs_single, weights_only=True)
     assert got["step"] == expected["step"] == 2 * STEPS_PER_EPOCH
+    reference = grad_norms(two_epochs_single.with_suffix(".metrics.jsonl"))
+    first_norms, second_norms = (grad_norms(tmp_path / f"{name}.metrics.jsonl")
+                                 for name in ("first", "second"))
+    assert sorted(first_norms) == list(range(1, STEPS_PER_EPOCH + 1))
+    assert sorted(second_norms) == list(range(STEPS_PER_EPOCH + 1, 2 * STEPS_PER_EPOCH + 1))
+    assert_same_norms(first_norms, reference)
+    assert_same_norms(second_norms, reference)
     for name, tensor in expected["weights"].items():
         assert torch.allclose(got["weights"][name], tensor, rtol=RTOL, atol=ATOL), (
             name, (got["weights"][name] - tensor).abs().max().item())

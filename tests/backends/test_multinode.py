@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from tests import launch
-from tests.backends.test_equivalence import digest_line
+from tests.backends.runs import digest_line
 from tests.conftest import TINY_DALLE_FLAGS
 
 

@@ -23,6 +23,7 @@ from dalle_dist.train.config import RunPaths
 from dalle_dist.train.resume import newest_checkpoint
 from dalle_dist.train.run_log import RunLog
 from tests import launch
+from tests.backends.runs import assert_ranks_consistent
 from tests.conftest import TINY_DALLE_FLAGS, run_cli
 
 TIMEOUT_S = 20
@@ -115,7 +116,7 @@ def hang_kill_resume(backend: str, folder: Path, vae: Path) -> str:
         launch.command(CASES[backend][0], *flags(backend, out, vae)), cwd=folder,
         stderr=subprocess.STDOUT), timeout=launch.LAUNCH_TIMEOUT)
     assert finished.returncode == 0, finished.stdout[-3000:]
-    assert "parameters identical on 2 rank(s)" in finished.stdout
+    assert_ranks_consistent(backend, finished.stdout)
     assert launch.logged_step(RunPaths.for_output(str(out)).metrics) == STEPS
     assert verify_newest(out) == STEPS
     assert not list(folder.glob(".d.pt.*.tmp")), "an unfinished save was left behind"
