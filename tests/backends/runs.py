@@ -88,9 +88,9 @@ def assert_ranks_consistent(name: str, text: str, world: int = 2) -> None:
         assert len(digests) == world and len(set(digests)) == world, digests
         # (a built-in VAE trained on rank 0 alone logs its own 1-rank line first)
         assert f"parameters identical on {world} rank(s)" not in text
-    else:
-        match = digest_line(text)
-        assert match and match.group(1) == str(world), "all ranks must hold the same weights"
+    else:  # (a built-in VAE trained on rank 0 alone may log a 1-rank line before it)
+        assert f"parameters identical on {world} rank(s): digest " in text, \
+            "all ranks must hold the same weights"
 
 
 def assert_same_norms(got: dict[int, float], expected: dict[int, float]) -> None:
