@@ -49,7 +49,7 @@ class Run:
 
     @property
     def grad_norms(self) -> dict[int, float]:
-        return {int(r["step"]): r["grad_norm"] for r in self.metrics}
+        return norms_by_step(self.metrics)
 
 
 def batch_flag(name: str, global_batch: int) -> list[str]:
@@ -61,9 +61,13 @@ def metric_records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def grad_norms(path: Path) -> dict[int, float]:
+def norms_by_step(records: list[dict[str, Any]]) -> dict[int, float]:
     """Each logged step's pre-clip gradient norm (--log_every_n_steps 1)."""
-    return {int(r["step"]): r["grad_norm"] for r in metric_records(path)}
+    return {int(r["step"]): r["grad_norm"] for r in records}
+
+
+def grad_norms(path: Path) -> dict[int, float]:
+    return norms_by_step(metric_records(path))
 
 
 def digest_line(text: str) -> re.Match[str] | None:

@@ -59,15 +59,19 @@ def current_test() -> str:
     return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
 
 
-def check_doctor_reads(line: str) -> Diagnosis:
-    """Assert that doctor reads this real one-line error sensibly (see the module docstring)."""
-    nodeid = current_test()
-    diagnosis = diagnose(line)
+def judge(line: str, diagnosis: Diagnosis, expected: str | None) -> Diagnosis:
+    """Assert that `diagnosis` is a sensible reading of this real one-line error (see the
+    module docstring); expected: the signature it must have, if any."""
     reading = (diagnosis.category, diagnosis.signature, line)
     assert diagnosis.category != BENIGN, reading
     if _WITH_FIX.match(line):
         assert diagnosis.category != UNKNOWN, reading
-    expected = expected_signature(nodeid)
     if expected is not None:
-        assert diagnosis.signature == expected, (nodeid, expected, reading)
+        assert diagnosis.signature == expected, (expected, reading)
     return diagnosis
+
+
+def check_doctor_reads(line: str) -> Diagnosis:
+    """doctor's real reading of this line, judged for the running test."""
+    nodeid = current_test()
+    return judge(line, diagnose(line), expected_signature(nodeid))
