@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from dalle_dist.config_base import option
 from dalle_dist.data.images import make_grid, save_png, tensor_to_pil
 from dalle_dist.data.tokenizer import Tokenizer, tokenize
 from dalle_dist.errors import ConfigError
@@ -19,12 +20,14 @@ from dalle_dist.train.checkpoint import dalle_parts, load_checkpoint
 
 @dataclass(frozen=True)
 class GenerateConfig:
-    num_images: int = 16
-    batch_size: int = 16
-    top_k: float = 0.9  # DALLE-pytorch's filter_thres: keep the best (1 - top_k) of tokens
-    temperature: float = 1.0
-    seed: int | None = None
-    truncate_captions: bool = False
+    num_images: int = option(16, "images per prompt")
+    batch_size: int = option(16, "images sampled at once")
+    #: DALLE-pytorch's filter_thres
+    top_k: float = option(0.9, "filter threshold: keep the best (1 - top_k) of image tokens")
+    temperature: float = option(1.0, "")
+    seed: int | None = option(None, "for repeatable samples", default_text="default: random")
+    truncate_captions: bool = option(
+        False, "cut prompts longer than the model's text length instead of stopping")
 
     def validate(self) -> None:
         if self.num_images <= 0:

@@ -16,13 +16,6 @@ class ArgumentParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def optional_float(text: str) -> float | None:
-    """A float, or none/0 for "off" (e.g. --clip_grad_norm none)."""
-    if text.lower() in ("none", "off"):
-        return None
-    return float(text)
-
-
 def given_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
     """The dests of the options written on the command line, as opposed to defaults.
 

@@ -21,59 +21,37 @@ from __future__ import annotations
 import argparse
 import json
 
+from dalle_dist.config_base import add_flags, from_args
+from dalle_dist.data.config import DataConfig
 from dalle_dist.errors import ConfigError
-from dalle_dist.model.config import VAEConfig
+from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
+from dalle_dist.train.config import TrainConfig
 
-_VAE = VAEConfig()
 _BYTE_VOCAB = 257  # data.tokenizer.ByteTokenizer.vocab_size: UTF-8 bytes + padding id 0
+#: the VAE flags that shape the DALL-E (the others only change how a VAE trains)
+_VAE_SHAPE = ("image_size", "num_tokens", "num_layers", "num_resnet_blocks", "codebook_dim",
+              "hidden_dim")
 
 
 def add_plan(sub: argparse._SubParsersAction) -> None:
-    from dalle_dist.model import ATTN_IMPLS, PATTERNS
-
     p = sub.add_parser("plan", help="memory per GPU of a training run, per backend, ZeRO "
                                     "stage and precision, and which to use",
                        description="Estimate the memory per GPU of `dalle-dist train` with "
                                    "these flags for every backend x ZeRO stage x precision, "
                                    "and recommend one. Nothing is built or launched.")
     model = p.add_argument_group("model (as `train`)")
-    model.add_argument("--dim", type=int, default=128, help="default %(default)s")
-    model.add_argument("--depth", type=int, default=4, help="default %(default)s")
-    model.add_argument("--heads", type=int, default=4, help="default %(default)s")
-    model.add_argument("--dim_head", type=int, default=32, help="default %(default)s")
-    model.add_argument("--ff_mult", type=int, default=4, help="default %(default)s")
-    model.add_argument("--text_seq_len", type=int, default=48, help="default %(default)s")
+    add_flags(model, DALLEConfig)
     model.add_argument("--num_text_tokens", type=int, default=_BYTE_VOCAB,
                        help="tokenizer vocabulary, padding id included (default %(default)s: "
                             "the byte tokenizer)")
-    model.add_argument("--bpe_path", default=None,
-                       help="HuggingFace tokenizers JSON: its vocabulary replaces "
-                            "--num_text_tokens")
-    model.add_argument("--attn_types", default="full",
-                       help=f"comma list cycled over layers: {', '.join(PATTERNS)} "
-                            "(default %(default)s)")
-    model.add_argument("--attn_impl", choices=ATTN_IMPLS, default="auto",
-                       help="attention path, as `train` (default %(default)s)")
-    model.add_argument("--conv_kernel_size", type=int, default=5, help="default %(default)s")
-    model.add_argument("--conv_dilation", type=int, default=1, help="default %(default)s")
-    model.add_argument("--sparse_random_blocks", type=int, default=None,
-                       help="default: a quarter of the sequence's blocks")
-    vae = p.add_argument_group("VAE and data (as `train-vae`)")
-    vae.add_argument("--image_size", type=int, default=_VAE.image_size,
-                     help="default %(default)s")
-    vae.add_argument("--num_tokens", type=int, default=_VAE.num_tokens,
-                     help="codebook size (default %(default)s)")
-    vae.add_argument("--num_layers", type=int, default=_VAE.num_layers,
-                     help="VAE downsampling layers (default %(default)s)")
-    vae.add_argument("--num_resnet_blocks", type=int, default=_VAE.num_resnet_blocks,
-                     help="default %(default)s")
-    vae.add_argument("--emb_dim", type=int, default=_VAE.codebook_dim,
-                     help="codebook dimension (default %(default)s)")
-    vae.add_argument("--hidden_dim", type=int, default=_VAE.hidden_dim,
-                     help="default %(default)s")
+    add_flags(model, DataConfig, only=["bpe_path"],
+              help={"bpe_path": "HuggingFace tokenizers JSON: its vocabulary replaces "
+                                "--num_text_tokens"})
+    add_flags(model, ComputeConfig)
+    add_flags(p.add_argument_group("VAE and data (as `train-vae`)"), VAEConfig, only=_VAE_SHAPE)
     plan = p.add_argument_group("plan")
-    plan.add_argument("--batch_size", type=int, default=32,
-                      help="global batch, split over the GPUs (default %(default)s)")
+    add_flags(plan, TrainConfig, only=["batch_size"],
+              help={"batch_size": "global batch, split over the GPUs"})
     plan.add_argument("--gpus", type=int, default=1, help="default %(default)s")
     plan.add_argument("--gpu_memory", default="80GB",
                       help="memory of one GPU: 80GB, 40GiB, 24G, 16000MB (GB / G decimal, "
@@ -107,8 +85,8 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _configs(args: argparse.Namespace) -> tuple[object, VAEConfig]:
-    from dalle_dist.model import DALLEConfig, PatternOptions, build_pattern
+def _configs(args: argparse.Namespace) -> tuple[DALLEConfig, VAEConfig]:
+    from dalle_dist.model import PatternOptions, build_pattern
 
     vocab = args.num_text_tokens
     if args.bpe_path:
@@ -117,22 +95,14 @@ def _configs(args: argparse.Namespace) -> tuple[object, VAEConfig]:
         vocab = load_tokenizer(args.bpe_path).vocab_size
     if vocab <= 1:
         raise ConfigError(f"--num_text_tokens must be at least 2, got {vocab}")
-    vae = VAEConfig(image_size=args.image_size, num_tokens=args.num_tokens,
-                    codebook_dim=args.emb_dim, num_layers=args.num_layers,
-                    num_resnet_blocks=args.num_resnet_blocks, hidden_dim=args.hidden_dim)
+    vae = from_args(VAEConfig, args)
     vae.validate()
-    attn_types = tuple(t.strip() for t in args.attn_types.split(",") if t.strip())
-    dalle = DALLEConfig(num_text_tokens=vocab, text_seq_len=args.text_seq_len,
-                        num_image_tokens=vae.num_tokens, image_fmap_size=vae.fmap_size,
-                        dim=args.dim, depth=args.depth, heads=args.heads,
-                        dim_head=args.dim_head, ff_mult=args.ff_mult, attn_types=attn_types,
-                        conv_kernel_size=args.conv_kernel_size,
-                        conv_dilation=args.conv_dilation,
-                        sparse_random_blocks=args.sparse_random_blocks)
+    dalle = from_args(DALLEConfig, args, num_text_tokens=vocab,
+                      num_image_tokens=vae.num_tokens, image_fmap_size=vae.fmap_size)
     dalle.validate()
-    options = PatternOptions(args.conv_kernel_size, args.conv_dilation,
-                             args.sparse_random_blocks)
-    for name in attn_types:
+    options = PatternOptions(dalle.conv_kernel_size, dalle.conv_dilation,
+                             dalle.sparse_random_blocks)
+    for name in dalle.attn_types:
         build_pattern(name, options)  # unknown names and bad pattern knobs are ConfigErrors
     return dalle, vae
 

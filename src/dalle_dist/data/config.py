@@ -4,21 +4,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dalle_dist.config_base import DictConfig
+from dalle_dist.config_base import DictConfig, option
 
 
 @dataclass(frozen=True)
 class DataConfig(DictConfig):
     """image_text_folder None means the built-in shapes dataset."""
 
-    image_text_folder: str | None = None
-    wds: str | None = None  # "img,cap": image_text_folder holds WebDataset shards
-    image_size: int = 32
-    truncate_captions: bool = False
-    resize_ratio: float = 0.75
-    shapes_count: int = 10_000
-    shapes_seed: int = 0
-    num_workers: int = 0
+    image_text_folder: str | None = option(
+        None, "folder of name.png + name.txt pairs", default_text="default: built-in shapes")
+    wds: str | None = option(
+        None, "the folder (or brace pattern) holds WebDataset .tar shards; name the image and "
+        "caption member extensions, e.g. jpg,txt", metavar="IMG,CAP",
+        default_text="default: a plain folder")
+    image_size: int = 32  # the VAE's (train-vae's --image_size, or the VAE DALL-E trains on)
+    truncate_captions: bool = option(
+        False, "cut captions longer than --text_seq_len instead of stopping")
+    resize_ratio: float = option(
+        0.75, "random square crops keep at least this fraction of the area",
+        name="--random_resize_crop_lower_ratio")
+    shapes_count: int = option(10_000, "images per epoch of the built-in shapes")
+    shapes_seed: int = option(0, "seed of the built-in shapes")
+    num_workers: int = option(0, "data loader processes",
+                              default_text="default 0: load in the main one")
+    bpe_path: str | None = option(None, "HuggingFace tokenizers JSON",
+                                  default_text="default: byte-level")
 
     @property
     def builtin(self) -> bool:

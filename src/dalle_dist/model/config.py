@@ -4,24 +4,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dalle_dist.config_base import DictConfig
+from dalle_dist.config_base import DictConfig, comma_list, option
 from dalle_dist.errors import ConfigError
+from dalle_dist.model.attention import ATTN_IMPLS
+from dalle_dist.model.patterns import PATTERNS
 
 
 @dataclass(frozen=True)
 class VAEConfig(DictConfig):
     """Discrete VAE shape. Defaults suit the built-in 32x32 shapes on a CPU."""
 
-    image_size: int = 32
-    num_tokens: int = 128
-    codebook_dim: int = 64
-    num_layers: int = 2
-    num_resnet_blocks: int = 1
-    hidden_dim: int = 64
+    image_size: int = option(32, "")
+    num_tokens: int = option(128, "codebook size")
+    codebook_dim: int = option(64, "codebook dimension", name="--emb_dim")
+    num_layers: int = option(2, "downsampling layers: tokens = (image_size / 2^num_layers)^2")
+    num_resnet_blocks: int = option(1, "")
+    hidden_dim: int = option(64, "")
     channels: int = 3
-    smooth_l1_loss: bool = False
-    kl_loss_weight: float = 0.0
-    straight_through: bool = False
+    smooth_l1_loss: bool = option(False, "reconstruction loss smooth L1 instead of MSE")
+    kl_loss_weight: float = option(0.0, "")
+    straight_through: bool = option(
+        False, "hard Gumbel-softmax samples with straight-through gradients")
 
     @property
     def fmap_size(self) -> int:
@@ -47,32 +50,41 @@ class VAEConfig(DictConfig):
             )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DALLEConfig(DictConfig):
     """Transformer over [<bos>, text tokens, image tokens].
 
     num_text_tokens is the tokenizer's vocabulary (id 0 = padding); the model adds
     text_seq_len more ids so each padding position gets its own token, as DALLE-pytorch does.
+    num_image_tokens and image_fmap_size come from the VAE. The defaults are `train`'s:
+    sized for the built-in shapes on a CPU (DALLE-pytorch's dim 512 targets GPUs).
     """
 
     num_text_tokens: int
-    text_seq_len: int
+    text_seq_len: int = option(
+        48, "caption tokens, bytes with the default tokenizer")
     num_image_tokens: int
     image_fmap_size: int
-    dim: int = 256
-    depth: int = 4
-    heads: int = 4
-    dim_head: int = 64
-    ff_mult: int = 4
-    attn_dropout: float = 0.0
-    ff_dropout: float = 0.0
-    attn_types: tuple[str, ...] = ("full",)
-    loss_img_weight: float = 7.0
-    conv_kernel_size: int = 5
-    conv_dilation: int = 1
-    sparse_random_blocks: int | None = None  # None: a quarter of the sequence's blocks
-    sparse_seed: int = 0
-    stable_softmax: bool = False
+    dim: int = option(128, "")
+    depth: int = option(4, "")
+    heads: int = option(4, "")
+    dim_head: int = option(32, "")
+    ff_mult: int = option(4, "")
+    attn_dropout: float = option(0.0, "")
+    ff_dropout: float = option(0.0, "")
+    attn_types: tuple[str, ...] = option(
+        ("full",), "comma list of attention patterns cycled over layers: "
+        + ", ".join(PATTERNS), parse=comma_list)
+    loss_img_weight: float = option(7.0, "")
+    conv_kernel_size: int = option(5, "conv_like window side, odd")
+    conv_dilation: int = option(1, "conv_like window dilation")
+    sparse_random_blocks: int | None = option(
+        None, "sparse: random 16-token blocks per block",
+        default_text="default: a quarter of the sequence's blocks, as DALLE-pytorch")
+    sparse_seed: int = option(0, "seed of the sparse layout's random blocks")
+    stable_softmax: bool = option(
+        False, "DALLE-pytorch's stable softmax: max-normalised output before the logits and "
+        "a stabler softmax in the dense and gather paths")
 
     def __post_init__(self) -> None:
         # A checkpoint stores attn_types as a list; keep the dataclass hashable and comparable.
@@ -93,3 +105,11 @@ class DALLEConfig(DictConfig):
             raise ConfigError("--loss_img_weight must be >= 0")
         if not self.attn_types:
             raise ConfigError("--attn_types is empty", "give at least one pattern, e.g. full")
+
+
+@dataclass(frozen=True)
+class ComputeConfig(DictConfig):
+    """How the model computes, not what it is: free to change when a run resumes."""
+
+    attn_impl: str = option("auto", "how attention is computed: auto picks the fastest "
+                            "correct path for the device", choices=ATTN_IMPLS)

@@ -6,20 +6,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dalle_dist.config_base import DictConfig
+from dalle_dist.config_base import DictConfig, option, optional_float
 from dalle_dist.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class TrainConfig(DictConfig):
-    epochs: int = 20
-    batch_size: int = 32
-    learning_rate: float = 3e-4
-    clip_grad_norm: float | None = 0.5
-    save_every_n_steps: int = 1000
-    sample_every_n_steps: int = 500
-    log_every_n_steps: int = 10
-    seed: int = 42
+    """The defaults are `train`'s; `train-vae` starts from VAE_TRAIN_DEFAULTS."""
+
+    epochs: int = option(4, "")
+    batch_size: int = option(32, "")
+    learning_rate: float = option(1e-3, "")
+    clip_grad_norm: float | None = option(0.5, "max gradient norm; none to disable",
+                                          parse=optional_float)
+    save_every_n_steps: int = option(
+        1000, "also saved before training, at each epoch end and at the end; 0: only those")
+    sample_every_n_steps: int = option(
+        500, "write a sample grid PNG beside the checkpoint")
+    log_every_n_steps: int = option(10, "metrics JSONL interval")
+    seed: int = option(42, "")
 
     def validate(self) -> None:
         if self.epochs <= 0:
@@ -37,15 +42,29 @@ class TrainConfig(DictConfig):
                 raise ConfigError(f"--{name} must be >= 0 (0 turns it off)")
 
 
+#: train-vae: DALLE-pytorch's train_vae.py clips nothing
+VAE_TRAIN_DEFAULTS = TrainConfig(epochs=5, clip_grad_norm=None)
+
+
 @dataclass(frozen=True)
 class ResumeConfig:
     """Where a run continues from, and how many checkpoints it keeps."""
 
-    source: str | None = None  # "auto" (newest beside the output) or a checkpoint path
+    #: "auto" (newest beside the output) or a checkpoint path
+    source: str | None = option(
+        None, "continue a run: auto takes the newest complete checkpoint of the output name "
+        "(starting fresh when there is none), PATH a given checkpoint file or DeepSpeed "
+        "directory; weights, optimizer, scheduler, RNG and data position are restored",
+        name="--resume", metavar="auto|PATH", default_text="default: a new run")
     flag: str = "--resume"  # the flag that named it (--dalle_path is DALLE-pytorch's)
-    keep_n_checkpoints: int | None = None
+    keep_n_checkpoints: int | None = option(
+        None, "keep the newest N saves: NAME-checkpoints/step-*.pt, or the DeepSpeed tags",
+        metavar="N", default_text="default: only NAME.pt, and every DeepSpeed tag")
     #: start over even where the output name holds a checkpoint (--overwrite)
-    overwrite: bool = False
+    overwrite: bool = option(
+        False, "start over where the output name already holds a checkpoint (without it such "
+        "a run stops: continue it with --resume auto); the old one is removed once the new "
+        "run's first save is complete")
     #: model flags given on the command line: they must agree with a resumed checkpoint
     given_model: dict[str, Any] = field(default_factory=dict)
 
@@ -63,10 +82,11 @@ class VAESchedule(DictConfig):
     temperature = max(starting_temp * exp(-anneal_rate * step), temp_min)
     """
 
-    starting_temp: float = 1.0
-    temp_min: float = 0.5
-    anneal_rate: float = 1e-3
-    lr_decay_rate: float = 0.98
+    starting_temp: float = option(1.0, "")
+    temp_min: float = option(0.5, "")
+    anneal_rate: float = option(
+        1e-3, "temperature = max(starting_temp * exp(-anneal_rate * step), temp_min)")
+    lr_decay_rate: float = option(0.98, "learning rate x this every 100 steps")
     anneal_every: int = 100
 
     def validate(self) -> None:
