@@ -129,8 +129,9 @@ def add_flags(parser: argparse._ActionsContainer, config: type | Any, *,
             kwargs["type"] = spec.parse or kind
             if spec.choices is not None:
                 kwargs["choices"] = spec.choices
-            # argparse would show the dest: --emb_dim CODEBOOK_DIM
-            kwargs["metavar"] = spec.metavar or options[0].lstrip("-").upper()
+            if spec.metavar or spec.choices is None:
+                # argparse would show the dest: --emb_dim CODEBOOK_DIM
+                kwargs["metavar"] = spec.metavar or options[0].lstrip("-").upper()
             if "help" not in kwargs:
                 shown = spec.default_text or f"default {_shown(default)}"
                 shown = shown.replace("%", "%%")

@@ -1,0 +1,63 @@
+"""What a backend reads: the distributed settings as one typed config, not an argparse Namespace.
+
+The fields are the flags (config_base.option); `train`, `train-vae` and `check` parse them,
+code builds them directly (SingleBackend.on, tests, bench scripts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dalle_dist.backends.precision import PRECISIONS
+from dalle_dist.backends.watch import DEFAULT_TIMEOUT_S
+from dalle_dist.config_base import DictConfig, option
+from dalle_dist.errors import ConfigError
+
+_DEEPSPEED = "deepspeed backend"
+
+
+@dataclass(frozen=True)
+class DistributedConfig(DictConfig):
+    """Backend, precision, device and the engine knobs. The backend's flag help (which names
+    exist) is the registry's to fill in: this module is below the backends."""
+
+    backend: str | None = option(
+        None, "", name="--distributed_backend", aliases=("--distr_backend",), metavar="NAME",
+        default_text="default: single")
+    deepspeed: bool = option(False, "use the deepspeed backend (as DALLE-pytorch's --deepspeed)")
+    precision: str = option(PRECISIONS[0], "", choices=PRECISIONS,
+                            shortcuts=(("--fp16", "fp16"),))
+    collective_timeout: float = option(
+        DEFAULT_TIMEOUT_S, "how long a rank waits for the others (a step's all-reduce, a "
+        "checkpoint save, the built-in VAE) before the run ends with an error naming the wait; "
+        "raise it when saving a huge model to a slow disk takes longer", metavar="SECONDS",
+        default_text=f"default {DEFAULT_TIMEOUT_S:.0f}: 30 minutes")
+    amp: bool = option(False, "fp16 through NVIDIA Apex amp (O1) when it imports on CUDA, else "
+                              "torch autocast fp16; the log says which")
+    device: str | None = option(
+        None, "cpu, cuda or cuda:N",
+        default_text="default: the rank's GPU when there is one, else cpu")
+    deepspeed_config: str | None = option(
+        None, "DeepSpeed JSON merged over the config built from these flags", group=_DEEPSPEED,
+        default_text="default: none")
+    zero_stage: int = option(0, "ZeRO stage", choices=(0, 1, 2, 3), group=_DEEPSPEED)
+    zero_offload: str = option("none", "offload optimizer state to the CPU (ZeRO 1-3)",
+                               choices=("none", "cpu"), group=_DEEPSPEED)
+    ga_steps: int = option(1, "gradient accumulation steps", group=_DEEPSPEED)
+    #: train's --clip_grad_norm (TrainConfig's flag): DeepSpeed clips inside its engine
+    clip_grad_norm: float | None = None
+
+    @property
+    def backend_name(self) -> str | None:
+        """--distributed_backend, or deepspeed for DALLE-pytorch's --deepspeed; None: default."""
+        if self.deepspeed:
+            if self.backend not in (None, "deepspeed"):
+                raise ConfigError(f"--deepspeed contradicts --distributed_backend "
+                                  f"{self.backend}", "drop one of the two")
+            return "deepspeed"
+        return self.backend
+
+    @property
+    def precision_name(self) -> str:
+        """What the run trains in: --amp is DALLE-pytorch's fp16 (Apex O1 where it exists)."""
+        return "fp16" if self.amp else self.precision
