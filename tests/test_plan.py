@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dalle_dist import plan
+from dalle_dist.diagnose import plan
 from dalle_dist.model import ATTN_IMPLS, DALLE, PATTERNS, DALLEConfig, DiscreteVAE, VAEConfig
 from dalle_dist.model.attention import CONV_GATHER_MIN_SIDE, resolve_impl
 from dalle_dist.model.patterns import SequenceLayout, SparsePattern, build_pattern
@@ -233,7 +233,7 @@ def test_parse_memory_refuses(text: str) -> None:
 
 
 def test_plan_module_does_not_import_torch() -> None:
-    code = "import sys, dalle_dist.plan; print('torch' in sys.modules)"
+    code = "import sys, dalle_dist.diagnose.plan; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"

@@ -14,7 +14,7 @@ from dalle_dist.backends.precision import PRECISIONS
 from dalle_dist.backends.single import SingleBackend
 from dalle_dist.backends.torch_ddp import TorchBackend
 from dalle_dist.backends.watch import DEFAULT_TIMEOUT_S
-from dalle_dist.environment import backend_verdict, precision_verdict
+from dalle_dist.diagnose.environment import backend_verdict, precision_verdict
 from dalle_dist.errors import ConfigError
 
 BACKENDS: dict[str, type[DistributedBackend]] = {

@@ -2,7 +2,7 @@
 
 Exit status: 0 when the requested backend (default single) is usable at the requested
 precision (default fp32), 1 when it is not, 2 on bad arguments. Nothing is launched,
-built or installed (see dalle_dist.environment).
+built or installed (see dalle_dist.diagnose.environment).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def lines(info: dict[str, Any]) -> list[str]:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from dalle_dist.environment import report
+    from dalle_dist.diagnose.environment import report
 
     info = report(args.backend, args.precision)
     if args.cuda_smoke:

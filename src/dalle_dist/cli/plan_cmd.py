@@ -88,7 +88,7 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from dalle_dist import plan
+    from dalle_dist.diagnose import plan
 
     dalle_cfg, vae_cfg = _configs(args)
     precisions = (plan.PRECISIONS if args.precision is None else
@@ -139,7 +139,7 @@ def _configs(args: argparse.Namespace) -> tuple[object, VAEConfig]:
 
 def _report(dalle_cfg: object, vae_cfg: VAEConfig, rows: list, args: argparse.Namespace,
             memory: int, advice: str) -> dict:
-    from dalle_dist import plan
+    from dalle_dist.diagnose import plan
 
     budget = int(memory * plan.USABLE_FRACTION)
     c = dalle_cfg
@@ -163,7 +163,7 @@ def _report(dalle_cfg: object, vae_cfg: VAEConfig, rows: list, args: argparse.Na
 
 
 def _human(report: dict) -> str:
-    from dalle_dist.plan import format_bytes
+    from dalle_dist.diagnose.plan import format_bytes
 
     seq = report["sequence"]
     counts: dict[str, int] = {}
