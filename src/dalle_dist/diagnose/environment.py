@@ -18,6 +18,8 @@ import platform
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dalle_dist.quiet import quiet_output
+
 SHM_WARN_BYTES = 1 << 30
 DEEPSPEED_FIX = "pip install 'dalle_dist[deepspeed]'"
 HOROVOD_FIX = ("build it with scripts/build_horovod.sh (Horovod 0.28.1 needs a C++17 patch "
@@ -85,14 +87,6 @@ def shm_facts(path: str = "/dev/shm") -> dict[str, Any]:
     return {"path": path, "bytes": size, "warning": warning}
 
 
-@contextlib.contextmanager
-def _quiet() -> Any:
-    from dalle_dist.ds_checkpoint import quiet_output
-
-    with quiet_output():
-        yield
-
-
 def deepspeed_facts() -> dict[str, Any]:
     facts: dict[str, Any] = {"installed": importlib.util.find_spec("deepspeed") is not None,
                              "version": _version("deepspeed"), "importable": False,
@@ -101,7 +95,7 @@ def deepspeed_facts() -> dict[str, Any]:
     if not facts["installed"]:
         return facts
     try:
-        with _quiet():
+        with quiet_output():
             import deepspeed  # noqa: F401
             from deepspeed.accelerator import get_accelerator
             from deepspeed.git_version_info import installed_ops
@@ -215,7 +209,7 @@ def backend_verdict(name: str, cuda: bool | None = None) -> Verdict:
                        f"build with {wire} (the PyPI wheels have it)")
     if name == "deepspeed":
         try:
-            with _quiet():
+            with quiet_output():
                 import deepspeed  # noqa: F401
         except Exception as exc:
             return Verdict(False, f"DeepSpeed is not importable ({_error(exc)})", DEEPSPEED_FIX)
