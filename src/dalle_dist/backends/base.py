@@ -21,7 +21,15 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from torch import nn
 
-from dalle_dist.backends.precision import Precision, apex_amp
+from dalle_dist.backends.plan_terms import PlanTerms
+from dalle_dist.backends.precision import (
+    AMP_PRECISION,
+    DEFAULT_PRECISION,
+    Precision,
+    PrecisionKind,
+    apex_amp,
+)
+from dalle_dist.backends.verdict import Verdict
 from dalle_dist.backends.watch import DEFAULT_TIMEOUT_S, ENGINE_GRACE_S, CollectiveWatch
 from dalle_dist.checkpoint_io import keep_history, write_checkpoint_file
 from dalle_dist.errors import ConfigError, DalleDistError, PeerLost, Stopped
@@ -203,26 +211,42 @@ class Engine:
         self.optimizer.load_state_dict(optimizer)
 
 
+#: Every backend class that names itself, by name, in the order they were defined;
+#: backends/registry.py orders them for listing (the only reader).
+REGISTERED: dict[str, type[DistributedBackend]] = {}
+
+
 class DistributedBackend(ABC):
     """How processes are started, talk to each other, and wrap the model.
 
-    A backend is an object passed around (never module state). Its class says which flags
-    it adds without importing its engine; whether it can run here is
-    environment.backend_verdict's answer, shared with `dalle-dist check`.
+    A backend is an object passed around (never module state). Its class registers itself
+    by defining `name`, and declares, without importing its engine, everything the tools
+    that judge it before a launch need: its flags, pip extra, launch hint, whether it can
+    run here (`verdict`, what `dalle-dist check` prints and `train` stops on) and how it
+    places the training state (`plan_terms`, what `dalle-dist plan` counts).
     """
 
     name: ClassVar[str]
+    #: Where `check`, `--help` and error messages list it (simplest first; 0 is the default).
+    list_position: ClassVar[int]
     #: The pip extra that installs the engine, if it is not torch itself.
     extra: ClassVar[str | None] = None
     #: How to start N processes with this backend (for messages and docs).
     launch_hint: ClassVar[str] = ""
     #: True when --batch_size is the global batch split over ranks; False: per worker.
     batch_size_is_global: ClassVar[bool] = True
+    plan_terms: ClassVar[PlanTerms]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:  # intermediate bases (TorchDistributedBackend) name nothing
+            REGISTERED[cls.name] = cls
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.use_apex = bool(getattr(args, "amp", False))
-        self.precision_name: str = "fp16" if self.use_apex else getattr(args, "precision", "fp32")
+        self.precision_name: str = (AMP_PRECISION if self.use_apex else
+                                    getattr(args, "precision", DEFAULT_PRECISION))
         device = getattr(args, "device", None)
         self.requested_device = torch.device(device) if device else None
         self.collective_timeout = float(getattr(args, "collective_timeout", None)
@@ -236,6 +260,23 @@ class DistributedBackend(ABC):
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """Flags only this backend reads (added for every backend, so --help lists them)."""
+
+    @classmethod
+    def verdict(cls, cuda: bool) -> Verdict:
+        """Can it start here (on CUDA when `cuda`)? Cheap: only the engine's own import
+        and torch's flags; never raises."""
+        return Verdict(True)
+
+    @classmethod
+    def precision_verdict(cls, precision: PrecisionKind, cuda: bool) -> Verdict:
+        """Can it train in `precision` here? The precision's own answer unless the engine
+        refuses more."""
+        return precision.verdict(cuda)
+
+    @classmethod
+    def engine_facts(cls) -> dict[str, Any] | None:
+        """What `dalle-dist check` reports about the engine beyond torch (None: torch only)."""
+        return None
 
     # -- process group -----------------------------------------------------------------
 

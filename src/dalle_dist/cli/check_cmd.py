@@ -11,8 +11,8 @@ import argparse
 import json
 from typing import Any
 
-BACKENDS = ("single", "torch", "fsdp", "deepspeed", "horovod")
-PRECISIONS = ("fp32", "bf16", "fp16")
+from dalle_dist.backends.precision import PRECISIONS
+from dalle_dist.backends.registry import BACKENDS
 
 
 def add_check(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def add_check(sub: argparse._SubParsersAction) -> None:
                                    "process-group backends, /dev/shm, DeepSpeed, Horovod, "
                                    "Apex, Triton and attention kernels, then a verdict per "
                                    "backend and precision. Launches and builds nothing.")
-    p.add_argument("--backend", choices=BACKENDS, default=None,
+    p.add_argument("--backend", choices=tuple(BACKENDS), default=None,
                    help="the backend to judge for the exit status (default single)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="the precision to judge with it (default fp32)")

@@ -1,11 +1,12 @@
 """What this machine can run: facts about torch, devices and engines, and verdicts.
 
-`dalle-dist check` prints all of it; `train` and `train-vae` ask the same verdict
-functions for their backend and precision before anything else, so a doomed launch stops
-in seconds with the text `check` would print. Probing only imports and asks: it never
-launches training, never builds an op (DeepSpeed's ops are asked whether they *could*
-build, as ds_report does) and never installs anything. No probe raises: a broken engine
-is a fact to report.
+`dalle-dist check` prints all of it. The verdicts are the backends' and precisions' own
+(backends/registry.py), the ones `train` and `train-vae` ask before anything else, so a
+doomed launch stops in seconds with the text `check` would print; each backend with an
+engine beyond torch also reports that engine's facts. Probing only imports and asks: it
+never launches training, never builds an op (DeepSpeed's ops are asked whether they
+*could* build, as ds_report does) and never installs anything. No probe raises: a broken
+engine is a fact to report.
 """
 
 from __future__ import annotations
@@ -15,46 +16,27 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
-from dalle_dist.quiet import quiet_output
+import torch
+import torch.distributed as dist
+
+from dalle_dist.backends.precision import DEFAULT_PRECISION, PRECISIONS
+from dalle_dist.backends.registry import (
+    BACKENDS,
+    DEFAULT_BACKEND,
+    backend_verdict,
+    precision_verdict,
+)
+from dalle_dist.backends.verdict import error_line, installed_version
 
 SHM_WARN_BYTES = 1 << 30
-DEEPSPEED_FIX = "pip install 'dalle_dist[deepspeed]'"
-HOROVOD_FIX = ("build it with scripts/build_horovod.sh (Horovod 0.28.1 needs a C++17 patch "
-               "against current torch), then pip install 'dalle_dist[horovod]'")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    usable: bool
-    reason: str = ""
-    fix: str = ""
-
-    def text(self) -> str:
-        if self.usable:
-            return "usable" + (f" ({self.reason})" if self.reason else "")
-        return f"not usable: {self.reason}" + (f" (fix: {self.fix})" if self.fix else "")
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
 
 
 # -- facts -------------------------------------------------------------------------------
 
 def torch_facts() -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
-
     cuda = torch.cuda.is_available()
     devices = []
     for index in range(torch.cuda.device_count() if cuda else 0):
@@ -87,60 +69,10 @@ def shm_facts(path: str = "/dev/shm") -> dict[str, Any]:
     return {"path": path, "bytes": size, "warning": warning}
 
 
-def deepspeed_facts() -> dict[str, Any]:
-    facts: dict[str, Any] = {"installed": importlib.util.find_spec("deepspeed") is not None,
-                             "version": _version("deepspeed"), "importable": False,
-                             "error": None, "accelerator": None, "ops": {},
-                             "sparse_attention": None}
-    if not facts["installed"]:
-        return facts
-    try:
-        with quiet_output():
-            import deepspeed  # noqa: F401
-            from deepspeed.accelerator import get_accelerator
-            from deepspeed.git_version_info import installed_ops
-            from deepspeed.ops.op_builder.all_ops import ALL_OPS
-            from deepspeed.ops.op_builder.builder import probe_is_compatible
-
-            facts["accelerator"] = get_accelerator()._name
-            facts["ops"] = {name: {"prebuilt": bool(installed_ops.get(name, False)),
-                                   "compatible": bool(probe_is_compatible(builder, False))}
-                            for name, builder in sorted(ALL_OPS.items())}
-    except Exception as exc:  # a broken install raises anything
-        facts["error"] = _error(exc)
-        return facts
-    facts["importable"] = True
-    has_sparse = "sparse_attn" in facts["ops"]
-    facts["sparse_attention"] = (
-        "present (not used: dalle_dist's sparse pattern runs on SDPA)" if has_sparse else
-        f"absent: DeepSpeed {facts['version']} ships no sparse attention op (removed in "
-        "0.19.7); --attn_types sparse runs on torch SDPA with the same block layout")
-    return facts
-
-
-def horovod_facts() -> dict[str, Any]:
-    facts: dict[str, Any] = {"installed": importlib.util.find_spec("horovod") is not None,
-                             "version": _version("horovod"), "torch_built": False,
-                             "error": None, "controllers": {}, "tensor_operations": {}}
-    if not facts["installed"]:
-        return facts
-    try:
-        import horovod.torch as hvd
-    except Exception as exc:
-        facts["error"] = _error(exc)
-        return facts
-    facts["torch_built"] = True
-    facts["controllers"] = {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built())}
-    facts["tensor_operations"] = {name: bool(getattr(hvd, f"{name}_built")())
-                                  for name in ("nccl", "gloo", "mpi", "ddl", "ccl")}
-    facts["cuda_built"] = bool(hvd.cuda_built())
-    return facts
-
-
 def apex_facts() -> dict[str, Any]:
     """absent | unrelated (the PyPI package named apex) | nvidia-without-amp | nvidia-with-amp."""
-    facts: dict[str, Any] = {"state": "absent", "version": _version("apex"), "summary": None,
-                             "extensions": {}, "error": None}
+    facts: dict[str, Any] = {"state": "absent", "version": installed_version("apex"),
+                             "summary": None, "extensions": {}, "error": None}
     if importlib.util.find_spec("apex") is None:
         return facts
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
@@ -148,7 +80,7 @@ def apex_facts() -> dict[str, Any]:
     try:
         import apex
     except Exception as exc:
-        facts["error"] = _error(exc)
+        facts["error"] = error_line(exc)
         apex = None
     nvidia = "nvidia" in (facts["summary"] or "").lower() or (
         apex is not None and any(_has_module(f"apex.{sub}")
@@ -169,11 +101,9 @@ def _has_module(name: str) -> bool:
 
 
 def attention_facts(cuda: bool) -> dict[str, Any]:
-    import torch
-
     flex = _has_module("torch.nn.attention.flex_attention")
     facts: dict[str, Any] = {
-        "triton": _version("triton"),
+        "triton": installed_version("triton"),
         "flex_attention": ("trains on CUDA" if flex and cuda else
                            "importable; no backward on CPU, so --attn_impl flex cannot train "
                            "here" if flex else "not in this torch"),
@@ -190,73 +120,28 @@ def attention_facts(cuda: bool) -> dict[str, Any]:
 
 # -- verdicts ----------------------------------------------------------------------------
 
-BACKEND_NAMES = ("single", "torch", "fsdp", "deepspeed", "horovod")
-
-
-def backend_verdict(name: str, cuda: bool | None = None) -> Verdict:
-    """Can this backend start here? Cheap: only the engine's own import and torch's flags."""
-    import torch
-    import torch.distributed as dist
-
-    cuda = torch.cuda.is_available() if cuda is None else cuda
-    if name == "single":
-        return Verdict(True)
-    wire = "nccl" if cuda else "gloo"
-    compiled = dist.is_available() and (dist.is_nccl_available() if cuda else
-                                        dist.is_gloo_available())
-    if name in ("torch", "fsdp", "deepspeed") and not compiled:
-        return Verdict(False, f"this torch has no {wire} process group", "install a torch "
-                       f"build with {wire} (the PyPI wheels have it)")
-    if name == "deepspeed":
-        try:
-            with quiet_output():
-                import deepspeed  # noqa: F401
-        except Exception as exc:
-            return Verdict(False, f"DeepSpeed is not importable ({_error(exc)})", DEEPSPEED_FIX)
-    if name == "horovod":
-        try:
-            import horovod.torch as hvd
-        except Exception as exc:
-            return Verdict(False, f"Horovod's torch support is not importable ({_error(exc)})",
-                           HOROVOD_FIX)
-        if not (hvd.gloo_built() or hvd.mpi_built()):
-            return Verdict(False, "Horovod was built without Gloo and without MPI",
-                           "rebuild it with scripts/build_horovod.sh (HOROVOD_WITH_GLOO=1)")
-        if cuda and not hvd.nccl_built():
-            return Verdict(True, "without NCCL: GPU tensors go through host memory")
-    return Verdict(True)
-
-
-def precision_verdict(backend: str, precision: str, cuda: bool | None = None) -> Verdict:
-    import torch
-
-    cuda = torch.cuda.is_available() if cuda is None else cuda
-    if precision == "bf16" and cuda and not torch.cuda.is_bf16_supported():
-        return Verdict(False, "this GPU has no bf16 (compute capability below 8.0)",
-                       "use --precision fp16 (or fp32)")
-    if precision == "fp16" and not cuda:
-        if backend == "deepspeed":
-            return Verdict(False, "DeepSpeed cannot train fp16 on CPU", "use --precision bf16")
-        return Verdict(True, "torch.autocast fp16 on CPU is slow; bf16 is the CPU choice")
-    return Verdict(True)
-
-
 def report(backend: str | None = None, precision: str | None = None) -> dict[str, Any]:
-    """Every fact and every verdict, as plain data (the --json schema, README "check")."""
+    """Every fact and every verdict, as plain data (the --json schema, README "check").
+
+    Backends and precisions, their verdicts and their engines' facts come from the
+    registry (backends/registry.py, backends/precision.py): this module names none.
+    """
     torch_info = torch_facts()
     cuda = torch_info["cuda_available"]
-    backends = {name: asdict(backend_verdict(name, cuda)) for name in BACKEND_NAMES}
-    precisions = {name: {p: asdict(precision_verdict(name, p, cuda))
-                         for p in ("fp32", "bf16", "fp16")} for name in BACKEND_NAMES}
-    chosen_backend, chosen_precision = backend or "single", precision or "fp32"
+    backends = {name: asdict(backend_verdict(name, cuda)) for name in BACKENDS}
+    precisions = {name: {p: asdict(precision_verdict(name, p, cuda)) for p in PRECISIONS}
+                  for name in BACKENDS}
+    chosen_backend = backend or DEFAULT_BACKEND
+    chosen_precision = precision or DEFAULT_PRECISION
     requested = (backends[chosen_backend]["usable"]
                  and precisions[chosen_backend][chosen_precision]["usable"])
+    engines = {name: facts for name, cls in BACKENDS.items()
+               if (facts := cls.engine_facts()) is not None}
     return {
         "python": platform.python_version(),
         "torch": torch_info,
         "shm": shm_facts(),
-        "engines": {"deepspeed": deepspeed_facts(), "horovod": horovod_facts(),
-                    "apex": apex_facts()},
+        "engines": {**engines, "apex": apex_facts()},
         "attention": attention_facts(cuda),
         "backends": backends,
         "precisions": precisions,
