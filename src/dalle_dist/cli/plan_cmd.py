@@ -185,8 +185,8 @@ def _human(report: dict) -> str:
               "activations", "buffers", "peak", "fits", "max batch")
     table = [header]
     for r in report["rows"]:
-        label = (f"deepspeed ZeRO-{r['zero_stage']}" if r["backend"] == "deepspeed"
-                 else r["backend"])
+        label = (r["backend"] if r["zero_stage"] is None
+                 else f"{r['backend']} ZeRO-{r['zero_stage']}")
         table.append((label, r["precision"], str(r["micro_batch"]),
                       *(format_bytes(r[k]) for k in ("params", "grads", "optimizer",
                                                      "activations", "buffers", "peak")),
