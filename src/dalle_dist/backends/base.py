@@ -48,8 +48,8 @@ def parameter_digest(state: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()[:16]
 
 
-def by_index(named: dict[str, Any], module: nn.Module, optimizer: torch.optim.Optimizer
-             ) -> dict[str, Any]:
+def optimizer_state_by_index(named: dict[str, Any], module: nn.Module,
+                             optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """An optimizer state keyed by parameter name (torch.distributed.checkpoint's form)
     in the index-keyed form `optimizer.load_state_dict` takes."""
     names = {id(p): n for n, p in module.named_parameters()}
@@ -90,12 +90,14 @@ class Engine:
         root's own wait deadline pauses, so a slow disk cannot end it mid-write."""
         return self.watch.working_alone() if self.watch else contextlib.nullcontext()
 
-    def _call(self, *args: Any, **kwargs: Any) -> Any:
+    def _wrapped_forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's forward through whatever wraps it (DDP, DeepSpeed's engine); here
+        the bare module. Precision is forward's business."""
         return self.module(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with self.precision.autocast():
-            return self._call(*args, **kwargs)
+            return self._wrapped_forward(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.precision.backward(loss, self.optimizer)
@@ -207,7 +209,7 @@ class Engine:
         DistributedOptimizer does not accept.
         """
         if not all(isinstance(k, int) for k in optimizer.get("state", {})):
-            optimizer = by_index(optimizer, self.module, self.optimizer)
+            optimizer = optimizer_state_by_index(optimizer, self.module, self.optimizer)
         self.optimizer.load_state_dict(optimizer)
 
 

@@ -89,11 +89,11 @@ class DeepSpeedEngine(Engine):
         self.ds_engine, self.stage = ds_engine, stage
         self.shards_parameters = stage == 3
 
-    def _call(self, *args: Any, **kwargs: Any) -> Any:
+    def _wrapped_forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.ds_engine(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call(*args, **kwargs)  # DeepSpeed casts to its precision itself
+        return self._wrapped_forward(*args, **kwargs)  # DeepSpeed casts to its precision itself
 
     def backward(self, loss: torch.Tensor) -> None:
         self.ds_engine.backward(loss)
