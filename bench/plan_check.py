@@ -173,7 +173,7 @@ def measure(case: Case, device: str) -> tuple[int, int]:
 
 
 def estimated(case: Case, device: str) -> dict[str, int]:
-    from dalle_dist.plan import CUDA_CONTEXT_BYTES, estimate
+    from dalle_dist.diagnose.plan import CUDA_CONTEXT_BYTES, estimate
 
     dalle_cfg, vae_cfg = case.configs()
     rows = estimate(dalle_cfg, case.batch, 1, vae=vae_cfg, precisions=(case.precision,),

@@ -13,12 +13,9 @@ it names a global outside the few DeepSpeed data classes its checkpoints really 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +24,7 @@ import torch
 from dalle_dist.checkpoint_io import read_checkpoint_file, write_checkpoint_file
 from dalle_dist.errors import CheckpointError
 from dalle_dist.fileio import atomic_writer
+from dalle_dist.quiet import quiet_output
 
 AUXILIARY_FILE = "auxiliary.pt"
 LATEST_FILE = "latest"
@@ -148,27 +146,6 @@ def consolidated_weights(directory: str | Path, tag: str, flag: str) -> dict[str
                 "zero_to_fp32 gathers them") from None
         state = get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag)
     return {k: v.contiguous() for k, v in state.items()}
-
-
-@contextlib.contextmanager
-def quiet_output() -> Iterator[None]:
-    """Silence file descriptors 1 and 2 (DeepSpeed's loggers hold their own handles to
-    them, so redirecting sys.stdout would not do), restoring them on the way out."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, devnull):
-            os.close(fd)
 
 
 def _deepspeed_classes() -> list[Any]:

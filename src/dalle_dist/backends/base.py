@@ -21,7 +21,15 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from torch import nn
 
-from dalle_dist.backends.precision import Precision, apex_amp
+from dalle_dist.backends.plan_terms import PlanTerms
+from dalle_dist.backends.precision import (
+    AMP_PRECISION,
+    DEFAULT_PRECISION,
+    Precision,
+    PrecisionKind,
+    apex_amp,
+)
+from dalle_dist.backends.verdict import Verdict
 from dalle_dist.backends.watch import DEFAULT_TIMEOUT_S, ENGINE_GRACE_S, CollectiveWatch
 from dalle_dist.checkpoint_io import keep_history, write_checkpoint_file
 from dalle_dist.errors import ConfigError, DalleDistError, PeerLost, Stopped
@@ -40,8 +48,8 @@ def parameter_digest(state: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()[:16]
 
 
-def by_index(named: dict[str, Any], module: nn.Module, optimizer: torch.optim.Optimizer
-             ) -> dict[str, Any]:
+def optimizer_state_by_index(named: dict[str, Any], module: nn.Module,
+                             optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """An optimizer state keyed by parameter name (torch.distributed.checkpoint's form)
     in the index-keyed form `optimizer.load_state_dict` takes."""
     names = {id(p): n for n, p in module.named_parameters()}
@@ -82,12 +90,14 @@ class Engine:
         root's own wait deadline pauses, so a slow disk cannot end it mid-write."""
         return self.watch.working_alone() if self.watch else contextlib.nullcontext()
 
-    def _call(self, *args: Any, **kwargs: Any) -> Any:
+    def _wrapped_forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's forward through whatever wraps it (DDP, DeepSpeed's engine); here
+        the bare module. Precision is forward's business."""
         return self.module(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with self.precision.autocast():
-            return self._call(*args, **kwargs)
+            return self._wrapped_forward(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.precision.backward(loss, self.optimizer)
@@ -199,30 +209,46 @@ class Engine:
         DistributedOptimizer does not accept.
         """
         if not all(isinstance(k, int) for k in optimizer.get("state", {})):
-            optimizer = by_index(optimizer, self.module, self.optimizer)
+            optimizer = optimizer_state_by_index(optimizer, self.module, self.optimizer)
         self.optimizer.load_state_dict(optimizer)
+
+
+#: Every backend class that names itself, by name, in the order they were defined;
+#: backends/registry.py orders them for listing (the only reader).
+REGISTERED: dict[str, type[DistributedBackend]] = {}
 
 
 class DistributedBackend(ABC):
     """How processes are started, talk to each other, and wrap the model.
 
-    A backend is an object passed around (never module state). Its class says which flags
-    it adds without importing its engine; whether it can run here is
-    environment.backend_verdict's answer, shared with `dalle-dist check`.
+    A backend is an object passed around (never module state). Its class registers itself
+    by defining `name`, and declares, without importing its engine, everything the tools
+    that judge it before a launch need: its flags, pip extra, launch hint, whether it can
+    run here (`verdict`, what `dalle-dist check` prints and `train` stops on) and how it
+    places the training state (`plan_terms`, what `dalle-dist plan` counts).
     """
 
     name: ClassVar[str]
+    #: Where `check`, `--help` and error messages list it (simplest first; 0 is the default).
+    list_position: ClassVar[int]
     #: The pip extra that installs the engine, if it is not torch itself.
     extra: ClassVar[str | None] = None
     #: How to start N processes with this backend (for messages and docs).
     launch_hint: ClassVar[str] = ""
     #: True when --batch_size is the global batch split over ranks; False: per worker.
     batch_size_is_global: ClassVar[bool] = True
+    plan_terms: ClassVar[PlanTerms]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:  # intermediate bases (TorchDistributedBackend) name nothing
+            REGISTERED[cls.name] = cls
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.use_apex = bool(getattr(args, "amp", False))
-        self.precision_name: str = "fp16" if self.use_apex else getattr(args, "precision", "fp32")
+        self.precision_name: str = (AMP_PRECISION if self.use_apex else
+                                    getattr(args, "precision", DEFAULT_PRECISION))
         device = getattr(args, "device", None)
         self.requested_device = torch.device(device) if device else None
         self.collective_timeout = float(getattr(args, "collective_timeout", None)
@@ -236,6 +262,23 @@ class DistributedBackend(ABC):
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """Flags only this backend reads (added for every backend, so --help lists them)."""
+
+    @classmethod
+    def verdict(cls, cuda: bool) -> Verdict:
+        """Can it start here (on CUDA when `cuda`)? Cheap: only the engine's own import
+        and torch's flags; never raises."""
+        return Verdict(True)
+
+    @classmethod
+    def precision_verdict(cls, precision: PrecisionKind, cuda: bool) -> Verdict:
+        """Can it train in `precision` here? The precision's own answer unless the engine
+        refuses more."""
+        return precision.verdict(cuda)
+
+    @classmethod
+    def engine_facts(cls) -> dict[str, Any] | None:
+        """What `dalle-dist check` reports about the engine beyond torch (None: torch only)."""
+        return None
 
     # -- process group -----------------------------------------------------------------
 

@@ -9,6 +9,7 @@ batch arithmetic is checked before DeepSpeed sees it. No `amp` block is ever wri
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -25,8 +26,10 @@ from dalle_dist.backends.base import (
     SchedulerFactory,
     parameter_digest,
 )
-from dalle_dist.backends.precision import Precision
+from dalle_dist.backends.plan_terms import PlanTerms
+from dalle_dist.backends.precision import Precision, PrecisionKind
 from dalle_dist.backends.torch_dist import TorchDistributedBackend
+from dalle_dist.backends.verdict import Verdict, error_line, installed_version
 from dalle_dist.backends.watch import CollectiveWatch
 from dalle_dist.checkpoint_io import write_checkpoint_file
 from dalle_dist.ds_checkpoint import (
@@ -37,6 +40,7 @@ from dalle_dist.ds_checkpoint import (
     write_tag_meta,
 )
 from dalle_dist.errors import CheckpointError, ConfigError
+from dalle_dist.quiet import quiet_output
 
 
 def read_json_config(path: str) -> dict[str, Any]:
@@ -85,11 +89,11 @@ class DeepSpeedEngine(Engine):
         self.ds_engine, self.stage = ds_engine, stage
         self.shards_parameters = stage == 3
 
-    def _call(self, *args: Any, **kwargs: Any) -> Any:
+    def _wrapped_forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.ds_engine(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call(*args, **kwargs)  # DeepSpeed casts to its precision itself
+        return self._wrapped_forward(*args, **kwargs)  # DeepSpeed casts to its precision itself
 
     def backward(self, loss: torch.Tensor) -> None:
         self.ds_engine.backward(loss)
@@ -195,9 +199,63 @@ class DeepSpeedEngine(Engine):
 class DeepSpeedBackend(TorchDistributedBackend):
     name = "deepspeed"
     extra = "deepspeed"
+    list_position = 3
     launch_hint = "deepspeed --num_gpus N --module dalle_dist train --deepspeed"
+    plan_terms = PlanTerms("DeepSpeed ZeRO-{stage}", cost_rank=(3, 4, 5, 7),
+                           zero_stages=(0, 1, 2, 3), sharding="zero", casts_model=True)
     stage: ClassVar[int]
 
+    @classmethod
+    def verdict(cls, cuda: bool) -> Verdict:
+        verdict = super().verdict(cuda)
+        if not verdict.usable:
+            return verdict
+        try:
+            with quiet_output():
+                import deepspeed  # noqa: F401
+        except Exception as exc:
+            return Verdict(False, f"DeepSpeed is not importable ({error_line(exc)})",
+                           f"pip install 'dalle_dist[{cls.extra}]'")
+        return Verdict(True)
+
+    @classmethod
+    def precision_verdict(cls, precision: PrecisionKind, cuda: bool) -> Verdict:
+        if precision.dtype is torch.float16 and not cuda:
+            return Verdict(False, "DeepSpeed cannot train fp16 on CPU", "use --precision bf16")
+        return super().precision_verdict(precision, cuda)
+
+    @classmethod
+    def engine_facts(cls) -> dict[str, Any]:
+        """Version, accelerator, and for each op whether it is prebuilt or could be built
+        just in time (asked as ds_report asks; nothing is built)."""
+        facts: dict[str, Any] = {"installed": importlib.util.find_spec("deepspeed") is not None,
+                                 "version": installed_version("deepspeed"), "importable": False,
+                                 "error": None, "accelerator": None, "ops": {},
+                                 "sparse_attention": None}
+        if not facts["installed"]:
+            return facts
+        try:
+            with quiet_output():
+                import deepspeed  # noqa: F401
+                from deepspeed.accelerator import get_accelerator
+                from deepspeed.git_version_info import installed_ops
+                from deepspeed.ops.op_builder.all_ops import ALL_OPS
+                from deepspeed.ops.op_builder.builder import probe_is_compatible
+
+                facts["accelerator"] = get_accelerator()._name
+                facts["ops"] = {name: {"prebuilt": bool(installed_ops.get(name, False)),
+                                       "compatible": bool(probe_is_compatible(builder, False))}
+                                for name, builder in sorted(ALL_OPS.items())}
+        except Exception as exc:  # a broken install raises anything
+            facts["error"] = error_line(exc)
+            return facts
+        facts["importable"] = True
+        has_sparse = "sparse_attn" in facts["ops"]
+        facts["sparse_attention"] = (
+            "present (not used: dalle_dist's sparse pattern runs on SDPA)" if has_sparse else
+            f"absent: DeepSpeed {facts['version']} ships no sparse attention op (removed in "
+            "0.19.7); --attn_types sparse runs on torch SDPA with the same block layout")
+        return facts
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

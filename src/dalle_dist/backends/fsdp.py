@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import fully_shard
 
 from dalle_dist.backends.base import Engine, OptimizerFactory, SchedulerFactory, parameter_digest
+from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.precision import Precision
 from dalle_dist.backends.torch_dist import TorchDistributedBackend
 
@@ -54,6 +55,8 @@ class FSDPEngine(Engine):
 
 class FSDPBackend(TorchDistributedBackend):
     name = "fsdp"
+    list_position = 2
+    plan_terms = PlanTerms("FSDP", cost_rank=(6,), sharding="fully_shard")
 
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
                    make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),

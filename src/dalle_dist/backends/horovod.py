@@ -9,6 +9,7 @@ Horovod is imported only inside methods.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -17,7 +18,12 @@ import torch
 from torch import nn
 
 from dalle_dist.backends.base import DistributedBackend, Engine, OptimizerFactory, SchedulerFactory
+from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.torch_dist import set_cpu_threads
+from dalle_dist.backends.verdict import Verdict, error_line, installed_version
+
+#: HOROVOD_FUSION_THRESHOLD's default: the buffer small tensors are fused in for all-reduce.
+FUSION_BUFFER_BYTES = 64 * 2**20
 
 
 class HorovodEngine(Engine):
@@ -53,8 +59,46 @@ class HorovodBackend(DistributedBackend):
     extra = "horovod"
     launch_hint = ("horovodrun -np N python -m dalle_dist train --distributed_backend horovod "
                    "(Horovod 0.28.1 needs scripts/build_horovod.sh against current torch)")
+    list_position = 4
     batch_size_is_global = False
+    plan_terms = PlanTerms("Horovod", cost_rank=(2,),
+                           fixed_buffers=(("fusion_buffer", FUSION_BUFFER_BYTES),))
 
+    @classmethod
+    def verdict(cls, cuda: bool) -> Verdict:
+        try:
+            import horovod.torch as hvd
+        except Exception as exc:
+            return Verdict(False, f"Horovod's torch support is not importable "
+                           f"({error_line(exc)})", "build it with scripts/build_horovod.sh "
+                           "(Horovod 0.28.1 needs a C++17 patch against current torch), then "
+                           f"pip install 'dalle_dist[{cls.extra}]'")
+        if not (hvd.gloo_built() or hvd.mpi_built()):
+            return Verdict(False, "Horovod was built without Gloo and without MPI",
+                           "rebuild it with scripts/build_horovod.sh (HOROVOD_WITH_GLOO=1)")
+        if cuda and not hvd.nccl_built():
+            return Verdict(True, "without NCCL: GPU tensors go through host memory")
+        return Verdict(True)
+
+    @classmethod
+    def engine_facts(cls) -> dict[str, Any]:
+        """Version, and what this build of Horovod's torch support can talk over."""
+        facts: dict[str, Any] = {"installed": importlib.util.find_spec("horovod") is not None,
+                                 "version": installed_version("horovod"), "torch_built": False,
+                                 "error": None, "controllers": {}, "tensor_operations": {}}
+        if not facts["installed"]:
+            return facts
+        try:
+            import horovod.torch as hvd
+        except Exception as exc:
+            facts["error"] = error_line(exc)
+            return facts
+        facts["torch_built"] = True
+        facts["controllers"] = {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built())}
+        facts["tensor_operations"] = {name: bool(getattr(hvd, f"{name}_built")())
+                                      for name in ("nccl", "gloo", "mpi", "ddl", "ccl")}
+        facts["cuda_built"] = bool(hvd.cuda_built())
+        return facts
 
     def bound_waits(self) -> None:
         """--collective_timeout (plus the watchdog's grace) as Horovod's own bounds, read by

@@ -1,4 +1,10 @@
-"""Backend names -> classes, and choosing one from the flags (DESIGN.md, "Backends")."""
+"""The backends by name, and choosing one from the flags (DESIGN.md, "Backends").
+
+Each backend class registers itself by naming itself (DistributedBackend.__init_subclass__)
+and declares its extra, launch hint, verdict and plan terms; importing the modules below is
+what registers them. Everything that lists backends reads BACKENDS; precisions are
+backends/precision.py's PRECISION_KINDS.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +12,35 @@ import argparse
 
 import torch
 
-from dalle_dist.backends.base import DistributedBackend
+# Imported to register the backends (and DeepSpeed's for its --deepspeed flag).
+from dalle_dist.backends import fsdp, horovod, single, torch_ddp  # noqa: F401
+from dalle_dist.backends.base import REGISTERED, DistributedBackend
 from dalle_dist.backends.deepspeed import DeepSpeedBackend
-from dalle_dist.backends.fsdp import FSDPBackend
-from dalle_dist.backends.horovod import HorovodBackend
-from dalle_dist.backends.precision import PRECISIONS
-from dalle_dist.backends.single import SingleBackend
-from dalle_dist.backends.torch_ddp import TorchBackend
+from dalle_dist.backends.precision import (
+    AMP_PRECISION,
+    DEFAULT_PRECISION,
+    PRECISION_KINDS,
+    PRECISIONS,
+)
+from dalle_dist.backends.verdict import Verdict
 from dalle_dist.backends.watch import DEFAULT_TIMEOUT_S
-from dalle_dist.environment import backend_verdict, precision_verdict
 from dalle_dist.errors import ConfigError
 
-BACKENDS: dict[str, type[DistributedBackend]] = {
-    cls.name: cls
-    for cls in (SingleBackend, TorchBackend, FSDPBackend, DeepSpeedBackend, HorovodBackend)
-}
+#: Every backend, by name, in the order `check`, `--help` and errors list them.
+BACKENDS: dict[str, type[DistributedBackend]] = dict(
+    sorted(REGISTERED.items(), key=lambda item: item[1].list_position))
+DEFAULT_BACKEND = next(iter(BACKENDS))
+
+
+def backend_verdict(name: str, cuda: bool | None = None) -> Verdict:
+    """Can backend `name` start here (on CUDA when `cuda`; default: when torch sees one)?"""
+    return BACKENDS[name].verdict(torch.cuda.is_available() if cuda is None else cuda)
+
+
+def precision_verdict(backend: str, precision: str, cuda: bool | None = None) -> Verdict:
+    """Can backend `backend` train in `precision` here?"""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    return BACKENDS[backend].precision_verdict(PRECISION_KINDS[precision], cuda)
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,11 +76,11 @@ def backend_from_args(args: argparse.Namespace) -> DistributedBackend:
     """The backend the flags name, checked: known, not contradicted, and installed."""
     name = args.distributed_backend
     if args.deepspeed:
-        if name not in (None, "deepspeed"):
+        if name not in (None, DeepSpeedBackend.name):
             raise ConfigError(f"--deepspeed contradicts --distributed_backend {name}",
                               "drop one of the two")
-        name = "deepspeed"
-    name = name or "single"
+        name = DeepSpeedBackend.name
+    name = name or DEFAULT_BACKEND
     timeout = getattr(args, "collective_timeout", DEFAULT_TIMEOUT_S)
     if not timeout > 0:
         raise ConfigError(f"--collective_timeout must be positive, got {timeout:g}",
@@ -75,7 +95,8 @@ def backend_from_args(args: argparse.Namespace) -> DistributedBackend:
                           f"{verdict.fix}, then see dalle-dist check --backend {name}")
     device = getattr(args, "device", None)
     cuda = device.startswith("cuda") if device else torch.cuda.is_available()
-    precision = "fp16" if getattr(args, "amp", False) else getattr(args, "precision", "fp32")
+    precision = (AMP_PRECISION if getattr(args, "amp", False) else
+                 getattr(args, "precision", DEFAULT_PRECISION))
     verdict = precision_verdict(name, precision, cuda)
     if not verdict.usable:
         raise ConfigError(verdict.reason, verdict.fix)

@@ -9,14 +9,19 @@ import torch
 from torch import nn
 
 from dalle_dist.backends.base import DistributedBackend, Engine, OptimizerFactory, SchedulerFactory
+from dalle_dist.backends.plan_terms import PlanTerms
+from dalle_dist.backends.precision import DEFAULT_PRECISION
 
 
 class SingleBackend(DistributedBackend):
     name = "single"
+    list_position = 0
     launch_hint = "dalle-dist train ..."
+    plan_terms = PlanTerms("single GPU", cost_rank=(0,), one_gpu=True)
 
     @classmethod
-    def on(cls, device: torch.device | None = None, precision: str = "fp32") -> SingleBackend:
+    def on(cls, device: torch.device | None = None, precision: str = DEFAULT_PRECISION
+           ) -> SingleBackend:
         """A single backend built in code rather than from the command line."""
         return cls(argparse.Namespace(device=str(device) if device else None,
                                       precision=precision))

@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dalle_dist.backends.base import Engine, OptimizerFactory, SchedulerFactory
+from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.torch_dist import TorchDistributedBackend
 
 
@@ -19,12 +20,15 @@ class DDPEngine(Engine):
         super().__init__(ddp.module, *args, **kwargs)
         self.ddp = ddp
 
-    def _call(self, *args: Any, **kwargs: Any) -> Any:
+    def _wrapped_forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.ddp(*args, **kwargs)
 
 
 class TorchBackend(TorchDistributedBackend):
     name = "torch"
+    list_position = 1
+    # gradient_as_bucket_view is off: the buckets hold a copy of every gradient.
+    plan_terms = PlanTerms("torch DDP", cost_rank=(1,), gradient_copies=("ddp_buckets",))
 
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
                    make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),

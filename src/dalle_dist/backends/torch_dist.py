@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from dalle_dist.backends.base import DistributedBackend
+from dalle_dist.backends.verdict import Verdict
 from dalle_dist.errors import ConfigError
 
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -49,6 +50,17 @@ class TorchDistributedBackend(DistributedBackend):
     """A backend whose ranks talk through torch.distributed's default process group."""
 
     launch_hint = "torchrun --nproc_per_node N -m dalle_dist train --distributed_backend NAME"
+
+    @classmethod
+    def verdict(cls, cuda: bool) -> Verdict:
+        """Usable when this torch has the process group its tensors need (nccl on CUDA)."""
+        wire = "nccl" if cuda else "gloo"
+        compiled = dist.is_available() and (dist.is_nccl_available() if cuda else
+                                            dist.is_gloo_available())
+        if not compiled:
+            return Verdict(False, f"this torch has no {wire} process group", "install a torch "
+                           f"build with {wire} (the PyPI wheels have it)")
+        return Verdict(True)
 
     def initialize(self) -> None:
         missing = [name for name in LAUNCH_ENV if name not in os.environ]

@@ -2,7 +2,7 @@
 
 Exit status: 0 when the requested backend (default single) is usable at the requested
 precision (default fp32), 1 when it is not, 2 on bad arguments. Nothing is launched,
-built or installed (see dalle_dist.environment).
+built or installed (see dalle_dist.diagnose.environment).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import argparse
 import json
 from typing import Any
 
-BACKENDS = ("single", "torch", "fsdp", "deepspeed", "horovod")
-PRECISIONS = ("fp32", "bf16", "fp16")
+from dalle_dist.backends.precision import PRECISIONS
+from dalle_dist.backends.registry import BACKENDS
 
 
 def add_check(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def add_check(sub: argparse._SubParsersAction) -> None:
                                    "process-group backends, /dev/shm, DeepSpeed, Horovod, "
                                    "Apex, Triton and attention kernels, then a verdict per "
                                    "backend and precision. Launches and builds nothing.")
-    p.add_argument("--backend", choices=BACKENDS, default=None,
+    p.add_argument("--backend", choices=tuple(BACKENDS), default=None,
                    help="the backend to judge for the exit status (default single)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="the precision to judge with it (default fp32)")
@@ -136,7 +136,7 @@ def lines(info: dict[str, Any]) -> list[str]:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from dalle_dist.environment import report
+    from dalle_dist.diagnose.environment import report
 
     info = report(args.backend, args.precision)
     if args.cuda_smoke:

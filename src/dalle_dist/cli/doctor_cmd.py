@@ -2,7 +2,9 @@
 
 Exit status: 0 when a cause was recognised (or the log holds only harmless warnings),
 1 when nothing in the log is known (category `unknown`), 2 when LOGFILE cannot be read.
-Reads the log only: nothing is imported from torch or any engine.
+Reads the log only: the diagnosis (dalle_dist.diagnose.doctor) imports neither torch nor
+any engine, so it works where they are broken (the `dalle-dist` process itself imports
+torch to build its parsers).
 
 `--json` prints one object with exactly these keys:
     category  a category of dalle_dist.diagnose.signatures.CATEGORIES, or "benign" (only

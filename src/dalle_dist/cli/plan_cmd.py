@@ -66,7 +66,7 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from dalle_dist import plan
+    from dalle_dist.diagnose import plan
 
     dalle_cfg, vae_cfg = _configs(args)
     precisions = (plan.PRECISIONS if args.precision is None else
@@ -109,7 +109,7 @@ def _configs(args: argparse.Namespace) -> tuple[DALLEConfig, VAEConfig]:
 
 def _report(dalle_cfg: object, vae_cfg: VAEConfig, rows: list, args: argparse.Namespace,
             memory: int, advice: str) -> dict:
-    from dalle_dist import plan
+    from dalle_dist.diagnose import plan
 
     budget = int(memory * plan.USABLE_FRACTION)
     c = dalle_cfg
@@ -133,7 +133,7 @@ def _report(dalle_cfg: object, vae_cfg: VAEConfig, rows: list, args: argparse.Na
 
 
 def _human(report: dict) -> str:
-    from dalle_dist.plan import format_bytes
+    from dalle_dist.diagnose.plan import format_bytes
 
     seq = report["sequence"]
     counts: dict[str, int] = {}
@@ -155,8 +155,8 @@ def _human(report: dict) -> str:
               "activations", "buffers", "peak", "fits", "max batch")
     table = [header]
     for r in report["rows"]:
-        label = (f"deepspeed ZeRO-{r['zero_stage']}" if r["backend"] == "deepspeed"
-                 else r["backend"])
+        label = (r["backend"] if r["zero_stage"] is None
+                 else f"{r['backend']} ZeRO-{r['zero_stage']}")
         table.append((label, r["precision"], str(r["micro_batch"]),
                       *(format_bytes(r[k]) for k in ("params", "grads", "optimizer",
                                                      "activations", "buffers", "peak")),

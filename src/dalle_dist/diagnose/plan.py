@@ -1,8 +1,11 @@
 """`dalle-dist plan`: memory per GPU of a DALL-E training run, counted before anything launches.
 
-Pure Python: byte counts from the config fields, no torch (the tests check the parameter
-counts against the real model built on the meta device, and the whole estimate against
-the measured peak of CPU training steps: bench/plan_check.py).
+Parameter shapes are the real model's, built on the meta device (no memory, no weights:
+dalle_parameter_shapes); each backend's placement of the training state is the one it
+declares (its plan_terms, backends/registry.py), each precision's element size its
+PrecisionKind's. Everything else is arithmetic on those (the tests check it against what
+autograd saves, and the whole estimate against the measured peak of CPU training steps:
+bench/plan_check.py).
 
 One row per backend x ZeRO stage x precision. Its peak is
 
@@ -52,97 +55,90 @@ the model. Byte counts per parameter (P = DALL-E parameters, N = GPUs):
                     n x n boolean mask on masked paths; 512 MiB of CUDA context on cuda.
 
 Activations are counted per layer for the path `--attn_impl` takes on the device
-(attention_path mirrors model/attention.py's resolve_impl); see layer_activation_bytes.
+(model/attention.py's resolve_impl, asked for each layer of the meta model); see
+layer_activation_bytes.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+import torch
+from torch import nn
+
+from dalle_dist.backends.plan_terms import PlanTerms
+from dalle_dist.backends.precision import PRECISION_KINDS, PRECISIONS
+from dalle_dist.backends.registry import BACKENDS
 from dalle_dist.errors import ConfigError
+from dalle_dist.model.attention import resolve_impl
+from dalle_dist.model.config import DALLEConfig, VAEConfig
+from dalle_dist.model.dalle import DALLE
+from dalle_dist.model.patterns import SequenceLayout, SparsePattern, build_pattern
+from dalle_dist.model.vae import DiscreteVAE
 
-if TYPE_CHECKING:
-    from dalle_dist.model.config import DALLEConfig, VAEConfig
-
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 DEVICES: tuple[str, ...] = ("cuda", "cpu")
-#: Backends in order of cost (communication volume, then set-up): the recommendation takes
-#: the first that fits. Horovod after DDP: it needs its own build (DESIGN.md).
-BACKEND_ORDER: tuple[tuple[str, int | None], ...] = (
-    ("single", None), ("torch", None), ("horovod", None), ("deepspeed", 0), ("deepspeed", 1),
-    ("deepspeed", 2), ("fsdp", None), ("deepspeed", 3))
+#: Every backend's rows, (name, ZeRO stage), in order of cost (communication volume, then
+#: set-up), as each declares its place (PlanTerms.cost_rank): the recommendation takes the
+#: first that fits.
+BACKEND_ORDER: tuple[tuple[str, int | None], ...] = tuple(
+    (name, stage) for name, stage, _ in sorted(
+        ((name, stage, rank) for name, cls in BACKENDS.items()
+         for stage, rank in cls.plan_terms.rows()), key=lambda row: row[2]))
 #: Of a GPU's memory, what a plan fills: the caching allocator's fragmentation and the
 #: cuBLAS / cuDNN workspaces take the rest.
 USABLE_FRACTION = 0.9
 CUDA_CONTEXT_BYTES = 512 * 2**20
-HOROVOD_FUSION_BYTES = 64 * 2**20
 DS_REDUCE_BUCKET = 500_000_000  # elements: reduce_bucket_size / allgather_bucket_size
 DS_PREFETCH_BUCKET = 50_000_000  # elements: stage3_prefetch_bucket_size
 DS_PERSISTENCE_THRESHOLD = 100_000  # elements: stage3_param_persistence_threshold
-CONV_GATHER_MIN_SIDE = 24  # model.attention.CONV_GATHER_MIN_SIDE (a test keeps them equal)
-SPARSE_BLOCK, SPARSE_LOCAL_BLOCKS = 16, 4  # model.patterns.SparsePattern
+SPARSE_BLOCK, SPARSE_LOCAL_BLOCKS = SparsePattern.BLOCK, SparsePattern.LOCAL_WINDOW_BLOCKS
+
+
+def _terms(backend: str) -> PlanTerms:
+    return BACKENDS[backend].plan_terms
 
 
 # -- parameters ----------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class MetaModel:
+    """What the estimate reads of a model built on the meta device."""
+
+    shapes: dict[str, tuple[int, ...]]  # every parameter, by name
+    linear_weights: int  # elements of every nn.Linear weight
+    layer_patterns: tuple[str, ...] = ()  # each transformer layer's attention pattern
+
+
+@functools.lru_cache(maxsize=8)
+def meta_dalle(c: DALLEConfig) -> MetaModel:
+    """DALLE(c) built on the meta device (cached: a large model takes seconds to build)."""
+    with torch.device("meta"):
+        model = DALLE(c)
+    return MetaModel({name: tuple(p.shape) for name, p in model.named_parameters()},
+                     sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)),
+                     tuple(block.attn.pattern.name for block in model.transformer.blocks))
+
+
+@functools.lru_cache(maxsize=8)
+def meta_vae(v: VAEConfig) -> MetaModel:
+    with torch.device("meta"):
+        model = DiscreteVAE(v)
+    return MetaModel({name: tuple(p.shape) for name, p in model.named_parameters()},
+                     sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)))
+
+
 def dalle_parameter_shapes(c: DALLEConfig) -> dict[str, tuple[int, ...]]:
-    """Every parameter of DALLE(c), by name, as model/dalle.py and transformer.py build them."""
-    d, inner, ff = c.dim, c.heads * c.dim_head, c.dim * c.ff_mult
-    text_vocab = c.num_text_tokens + c.text_seq_len
-    shapes: dict[str, tuple[int, ...]] = {
-        "text_emb.weight": (text_vocab, d),
-        "text_pos_emb.weight": (c.text_seq_len + 1, d),
-        "image_emb.weight": (c.num_image_tokens, d),
-        "image_row_emb.weight": (c.image_fmap_size, d),
-        "image_col_emb.weight": (c.image_fmap_size, d),
-    }
-    for layer in range(c.depth):
-        p = f"transformer.blocks.{layer}."
-        shapes |= {
-            p + "attn_norm.weight": (d,), p + "attn_norm.bias": (d,),
-            p + "attn.to_qkv.weight": (3 * inner, d),
-            p + "attn.to_out.weight": (d, inner), p + "attn.to_out.bias": (d,),
-            p + "ff_norm.weight": (d,), p + "ff_norm.bias": (d,),
-            p + "ff.to_value.weight": (ff, d), p + "ff.to_value.bias": (ff,),
-            p + "ff.to_gate.weight": (ff, d), p + "ff.to_gate.bias": (ff,),
-            p + "ff.proj_out.weight": (d, ff), p + "ff.proj_out.bias": (d,),
-        }
-    vocab = text_vocab + c.num_image_tokens
-    return shapes | {"transformer.norm.weight": (d,), "transformer.norm.bias": (d,),
-                     "to_logits.weight": (vocab, d), "to_logits.bias": (vocab,)}
+    """Every parameter of DALLE(c), by name."""
+    return dict(meta_dalle(c).shapes)
 
 
 def vae_parameter_shapes(v: VAEConfig) -> dict[str, tuple[int, ...]]:
-    """Every parameter of DiscreteVAE(v), by name, as model/vae.py builds it."""
-    h, shapes = v.hidden_dim, {}
-
-    def conv(name: str, out: int, inp: int, k: int) -> None:
-        shapes[f"{name}.weight"], shapes[f"{name}.bias"] = (out, inp, k, k), (out,)
-
-    def resblock(name: str) -> None:
-        for i, k in ((0, 3), (2, 3), (4, 1)):
-            conv(f"{name}.net.{i}", h, h, k)
-
-    in_ch = v.channels
-    for layer in range(v.num_layers):
-        conv(f"encoder.{2 * layer}", h, in_ch, 4)
-        in_ch = h
-    for r in range(v.num_resnet_blocks):
-        resblock(f"encoder.{2 * v.num_layers + r}")
-    conv(f"encoder.{2 * v.num_layers + v.num_resnet_blocks}", v.num_tokens, h, 1)
-    conv("decoder.0", h, v.codebook_dim, 1)
-    for r in range(v.num_resnet_blocks):
-        resblock(f"decoder.{1 + r}")
-    for layer in range(v.num_layers):
-        # ConvTranspose2d stores (in, out, k, k); here in == out == hidden.
-        conv(f"decoder.{1 + v.num_resnet_blocks + 2 * layer}", h, h, 4)
-    conv(f"decoder.{1 + v.num_resnet_blocks + 2 * v.num_layers}", v.channels, h, 1)
-    shapes["codebook.weight"] = (v.num_tokens, v.codebook_dim)
-    return shapes
+    """Every parameter of DiscreteVAE(v), by name."""
+    return dict(meta_vae(v).shapes)
 
 
 def numel(shapes: Iterable[tuple[int, ...]]) -> int:
@@ -152,36 +148,24 @@ def numel(shapes: Iterable[tuple[int, ...]]) -> int:
 def matmul_weights(c: DALLEConfig) -> int:
     """Elements of every Linear weight (blocks and logits): under autocast autograd keeps a
     16-bit copy of each from forward to its backward (biases are cast but not kept)."""
-    return numel(s for name, s in dalle_parameter_shapes(c).items()
-                 if name.endswith(".weight") and (".attn.to_" in name or ".ff." in name
-                                                  or name.startswith("to_logits")))
+    return meta_dalle(c).linear_weights
 
 
 def dalle_parameters(c: DALLEConfig) -> int:
-    return numel(dalle_parameter_shapes(c).values())
+    return numel(meta_dalle(c).shapes.values())
 
 
 def vae_parameters(v: VAEConfig) -> int:
-    return numel(vae_parameter_shapes(v).values())
+    return numel(meta_vae(v).shapes.values())
 
 
 # -- attention paths -----------------------------------------------------------------
 
 def attention_path(pattern: str, device: str, fmap_size: int, attn_impl: str = "auto") -> str:
-    """The path model/attention.py's resolve_impl takes (a test keeps the two equal)."""
-    if attn_impl == "auto":
-        if pattern == "full":
-            return "sdpa"
-        if device == "cuda":
-            return "flex"
-        if pattern == "sparse":
-            return "sdpa"
-        if pattern == "conv_like":
-            return "gather" if fmap_size >= CONV_GATHER_MIN_SIDE else "sdpa"
-        return "gather"
-    if attn_impl == "gather" and pattern == "full":
-        return "sdpa"
-    return attn_impl
+    """The path model/attention.py's resolve_impl takes for a layer of `pattern` (it
+    depends on the image grid's side, not on the text's length)."""
+    return resolve_impl(attn_impl, build_pattern(pattern), torch.device(device),
+                        SequenceLayout(text_len=1, fmap_size=fmap_size))
 
 
 def _band_keys(c: DALLEConfig, pattern: str) -> tuple[int, int]:
@@ -215,11 +199,12 @@ class Dtypes:
 
     @classmethod
     def of(cls, precision: str, whole_model: bool) -> Dtypes:
-        if precision == "fp32":
+        kind = PRECISION_KINDS[precision]
+        if kind.dtype is None:  # fp32: no autocast
             return cls(4, 4, 4, False)
-        if whole_model:  # DeepSpeed casts the model: everything 16-bit
-            return cls(2, 2, 2, False)
-        return cls(4, 2, 4, True)
+        if whole_model:  # the backend casts the model (DeepSpeed): everything 16-bit
+            return cls(kind.itemsize, kind.itemsize, kind.itemsize, False)
+        return cls(4, kind.itemsize, 4, True)
 
 
 def layer_activation_bytes(c: DALLEConfig, path: str, pattern: str, t: Dtypes,
@@ -278,9 +263,9 @@ def _seq_len(c: DALLEConfig) -> int:
 
 
 def layer_paths(c: DALLEConfig, device: str, attn_impl: str) -> list[tuple[str, str]]:
-    """(pattern, path) of every layer: attn_types cycles over the depth."""
-    patterns = [c.attn_types[i % len(c.attn_types)] for i in range(c.depth)]
-    return [(p, attention_path(p, device, c.image_fmap_size, attn_impl)) for p in patterns]
+    """(pattern, path) of every layer of the meta model (attn_types cycles over the depth)."""
+    return [(p, attention_path(p, device, c.image_fmap_size, attn_impl))
+            for p in meta_dalle(c).layer_patterns]
 
 
 @dataclass(frozen=True)
@@ -377,11 +362,7 @@ class Row:
 
     @property
     def label(self) -> str:
-        names = {"single": "single GPU", "torch": "torch DDP", "fsdp": "FSDP",
-                 "horovod": "Horovod"}
-        if self.backend == "deepspeed":
-            return f"DeepSpeed ZeRO-{self.zero_stage}"
-        return names[self.backend]
+        return _terms(self.backend).name_at(self.zero_stage)
 
     def peak_at(self, micro_batch: int) -> int:
         return self.static + max(c + k * micro_batch for _, c, k in self.phases)
@@ -416,14 +397,12 @@ def estimate(config: DALLEConfig, batch: int, gpus: int, *, vae: VAEConfig | Non
     """Memory per GPU of every backend x ZeRO stage x precision for a global `batch` split
     over `gpus` (the `single` row holds the whole batch on one GPU)."""
     if vae is None:
-        from dalle_dist.model.config import VAEConfig
-
         vae = VAEConfig(image_size=config.image_fmap_size * 4, num_tokens=config.num_image_tokens)
     check_plan(batch, gpus, precisions, device)
     rows = []
     for precision in precisions:
         for backend, stage in BACKEND_ORDER:
-            n = 1 if backend == "single" else gpus
+            n = 1 if _terms(backend).one_gpu else gpus
             rows.append(_row(config, vae, backend, stage, precision, n, batch // n, device,
                              attn_impl))
     return rows
@@ -457,11 +436,12 @@ class _States:
     step_temporaries: int = 0  # allocated by the optimizer step only
 
 
-def _states(c: DALLEConfig, backend: str, stage: int | None, p_bytes: int, n: int) -> _States:
+def _states(c: DALLEConfig, terms: PlanTerms, stage: int | None, p_bytes: int, n: int
+            ) -> _States:
     shapes = dalle_parameter_shapes(c)
     params = numel(shapes.values())
     block = numel(s for name, s in shapes.items() if name.startswith("transformer.blocks.0."))
-    if backend == "deepspeed":
+    if terms.sharding == "zero":
         stage = stage or 0
         p, g, opt = _deepspeed_states(stage, p_bytes, params, n)
         state = _States(p, g, opt, {})
@@ -478,28 +458,29 @@ def _states(c: DALLEConfig, backend: str, stage: int | None, p_bytes: int, n: in
             state.params += small * p_bytes * (n - 1) // n
             state.gathered = (max(block, *sizes) + min(DS_PREFETCH_BUCKET, params)) * p_bytes
         return state
-    if backend == "fsdp":
+    if terms.sharding == "fully_shard":
         # The root unit (all but the blocks) stays gathered from forward to the end of
         # backward, with its unsharded gradients; two blocks are gathered at a time, and
         # one block's gradients wait for their reduce-scatter.
         root = params - c.depth * block
         return _States(4 * params // n, 4 * params // n, 8 * params // n, {},
                        gathered=4 * (2 * root + 3 * block))
-    buffers = {"torch": {"ddp_buckets": 4 * params},
-               "horovod": {"fusion_buffer": HOROVOD_FUSION_BYTES}}.get(backend, {})
-    return _States(4 * params, 4 * params, 8 * params, dict(buffers))
+    buffers = {name: 4 * params for name in terms.gradient_copies} | dict(terms.fixed_buffers)
+    return _States(4 * params, 4 * params, 8 * params, buffers)
 
 
 def _row(c: DALLEConfig, v: VAEConfig, backend: str, stage: int | None, precision: str,
          n: int, micro: int, device: str, attn_impl: str) -> Row:
-    ds = backend == "deepspeed"
-    p_bytes = 2 if ds and precision != "fp32" else 4
-    state = _states(c, backend, stage, p_bytes, n)
-    acts = activations(c, v, precision, device, attn_impl, whole_model=ds)
+    terms, kind = _terms(backend), PRECISION_KINDS[precision]
+    p_bytes = kind.itemsize if terms.casts_model else 4
+    state = _states(c, terms, stage, p_bytes, n)
+    acts = activations(c, v, precision, device, attn_impl, whole_model=terms.casts_model)
     shapes = dalle_parameter_shapes(c)
     head = numel((shapes["to_logits.weight"], shapes["to_logits.bias"]))
-    autocast_copies = 2 * matmul_weights(c) if precision != "fp32" and not ds else 0
-    head_grads = 0 if backend == "fsdp" else head * p_bytes  # fsdp: in `gathered`
+    autocast = kind.dtype is not None and not terms.casts_model
+    autocast_copies = kind.itemsize * matmul_weights(c) if autocast else 0
+    # fully_shard: the head's gradients are in `gathered`
+    head_grads = 0 if terms.sharding == "fully_shard" else head * p_bytes
     resident = {"vae_params": 4 * vae_parameters(v), "attention_masks": acts.masks_cached,
                 **state.buffers}
     if device == "cuda":
@@ -540,13 +521,19 @@ def recommend(rows: Sequence[Row], gpu_memory_bytes: int,
     batch = next(r.micro_batch * r.gpus for r in rows)
     order = {key: i for i, key in enumerate(BACKEND_ORDER)}
     advice: dict[str, list[str]] = {}  # sentence -> the precisions it holds for
-    for precision in sorted({r.precision for r in rows}, key=("bf16", "fp16", "fp32").index):
+    # Smaller elements first; of equal size, the one without loss scaling (bf16 before fp16).
+    for precision in sorted({r.precision for r in rows}, key=_advice_order):
         chain = sorted((r for r in rows if r.precision == precision and
                         (r.gpus == gpus or gpus == 1)),
                        key=lambda r: order[(r.backend, r.zero_stage)])
         advice.setdefault(_sentence(chain, batch, gpus, gpu_memory_bytes, budget), []).append(
             precision)
     return " ".join(f"{' / '.join(names)}: {text}" for text, names in advice.items())
+
+
+def _advice_order(precision: str) -> tuple[int, bool]:
+    kind = PRECISION_KINDS[precision]
+    return kind.itemsize, kind.loss_scaled
 
 
 def _sentence(chain: list[Row], batch: int, gpus: int, memory: int, budget: int) -> str:
