@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,15 +37,15 @@ ENGINES = {
 }
 
 
-def backend_args(engine: str) -> argparse.Namespace:
-    return argparse.Namespace(
-        distributed_backend="torch" if engine == "torch-ddp" else "deepspeed", deepspeed=False,
-        precision="fp32", device=None, deepspeed_config=None, zero_stage=2,
-        zero_offload="none", ga_steps=1, clip_grad_norm=0.5)
+def backend_settings(engine: str) -> Any:
+    from dalle_dist.backends import DistributedConfig
+
+    return DistributedConfig(backend="torch" if engine == "torch-ddp" else "deepspeed",
+                             zero_stage=2, clip_grad_norm=0.5)
 
 
 def rank_main(engine: str, args: argparse.Namespace) -> None:
-    from dalle_dist.backends import backend_from_args
+    from dalle_dist.backends import backend_from_config
     from dalle_dist.data import CaptionCollate, DataConfig, EpochLoader, ShapesDataset
     from dalle_dist.data.tokenizer import ByteTokenizer
     from dalle_dist.model import DALLEConfig, DiscreteVAE, VAEConfig
@@ -53,7 +54,7 @@ def rank_main(engine: str, args: argparse.Namespace) -> None:
     from dalle_dist.train.loop import train
     from dalle_dist.train.run_log import RunLog
 
-    backend = backend_from_args(backend_args(engine))
+    backend = backend_from_config(backend_settings(engine))
     backend.initialize()
     steps = args.warmup + args.steps
     backend.check_config(args.batch)

@@ -73,12 +73,11 @@ MB = 1024 * 1024
 EXCEPTION_LINE = re.compile(r"^(\[\d+\]<std\w+>:)?\w+(\.\w+)*(Error|Exception): ")
 
 
-def backend_args(name: str) -> argparse.Namespace:
+def backend_settings(name: str) -> Any:
+    from dalle_dist.backends import DistributedConfig
+
     _, backend, stage = BACKENDS[name]
-    return argparse.Namespace(
-        distributed_backend=backend, deepspeed=False, precision="fp32", amp=False, device=None,
-        deepspeed_config=None, zero_stage=stage, zero_offload="none", ga_steps=1,
-        clip_grad_norm=0.5)
+    return DistributedConfig(backend=backend, zero_stage=stage, clip_grad_norm=0.5)
 
 
 def tree_bytes(path: Path) -> int:
@@ -86,7 +85,7 @@ def tree_bytes(path: Path) -> int:
 
 
 def rank_main(name: str, args: argparse.Namespace) -> None:
-    from dalle_dist.backends import backend_from_args
+    from dalle_dist.backends import backend_from_config
     from dalle_dist.data import CaptionCollate, DataConfig, EpochLoader, ShapesDataset
     from dalle_dist.data.tokenizer import ByteTokenizer
     from dalle_dist.ds_checkpoint import consolidated_weights, current_tag, ds_checkpoint_dir
@@ -111,7 +110,7 @@ def rank_main(name: str, args: argparse.Namespace) -> None:
 
     if name == "single":
         set_threads(2)
-    backend = backend_from_args(backend_args(name))
+    backend = backend_from_config(backend_settings(name))
     backend.initialize()
     is_ds = backend.name == "deepspeed"
     # --batch_size as a user would give it: global, or per worker for Horovod.

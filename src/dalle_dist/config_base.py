@@ -112,7 +112,9 @@ def add_flags(parser: argparse._ActionsContainer, config: type | Any, *,
         target = parser
         if spec.group is not None:
             if spec.group not in groups:
-                groups[spec.group] = parser.add_argument_group(spec.group)  # type: ignore[union-attr]
+                # argparse shows no group nested in a group: give the parser itself
+                assert isinstance(parser, argparse.ArgumentParser), spec.group
+                groups[spec.group] = parser.add_argument_group(spec.group)
             target = groups[spec.group]
         default = (getattr(config, name) if not isinstance(config, type)
                    else field.default if field.default is not MISSING else None)

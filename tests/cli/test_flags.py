@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dalle_dist.backends.config import DistributedConfig
 from dalle_dist.cli import build_parser
 from dalle_dist.cli.parser import subcommand_parser
 from dalle_dist.config_base import flag_fields, flag_of
@@ -27,7 +28,7 @@ from dalle_dist.train.config import VAE_TRAIN_DEFAULTS, ResumeConfig, TrainConfi
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "dalle_dist"
 CONFIGS = (DALLEConfig, VAEConfig, ComputeConfig, DataConfig, TrainConfig, VAESchedule,
-           ResumeConfig, GenerateConfig)
+           ResumeConfig, GenerateConfig, DistributedConfig)
 
 
 def _cli(*argv: str) -> str:
@@ -80,10 +81,11 @@ def test_plan_reports_the_defaults_train_help_shows() -> None:
 
 
 #: the configs whose fields each command's flags fill
-USES = {"train": (DALLEConfig, ComputeConfig, DataConfig, TrainConfig, ResumeConfig, VAEConfig),
-        "train-vae": (VAEConfig, VAESchedule, DataConfig, ResumeConfig),
+USES = {"train": (DALLEConfig, ComputeConfig, DataConfig, TrainConfig, ResumeConfig, VAEConfig,
+                  DistributedConfig),
+        "train-vae": (VAEConfig, VAESchedule, DataConfig, ResumeConfig, DistributedConfig),
         "plan": (DALLEConfig, ComputeConfig, DataConfig, VAEConfig, TrainConfig),
-        "generate": (GenerateConfig,)}
+        "generate": (GenerateConfig, DistributedConfig)}
 
 
 def test_every_command_parses_a_shared_field_to_the_dataclass_default() -> None:
@@ -102,7 +104,7 @@ def test_every_command_parses_a_shared_field_to_the_dataclass_default() -> None:
                 seen.setdefault(field.name, set()).add(name)
     shared = {field for field, names in seen.items() if len(names) > 1}
     assert {"dim", "depth", "heads", "dim_head", "image_size", "num_tokens", "codebook_dim",
-            "attn_impl", "bpe_path", "batch_size"} <= shared
+            "attn_impl", "bpe_path", "batch_size", "device", "zero_stage", "precision"} <= shared
     vae = subcommand_parser(parser, "train-vae").parse_args([])
     assert (vae.epochs, vae.learning_rate) == (VAE_TRAIN_DEFAULTS.epochs,
                                                VAE_TRAIN_DEFAULTS.learning_rate)
@@ -118,6 +120,9 @@ def test_dalle_pytorch_spellings_still_parse() -> None:
                               "none", "--sparse_random_blocks", "3"])
     assert args.attn_types == ("full", "axial_row")
     assert args.clip_grad_norm is None and args.sparse_random_blocks == 3
+    args = parser.parse_args(["train", "--distr_backend", "deepspeed", "--fp16",
+                              "--zero_stage", "2"])
+    assert (args.backend, args.precision, args.zero_stage) == ("deepspeed", "fp16", 2)
 
 
 def _declared_option_strings() -> list[tuple[str, str]]:

@@ -8,7 +8,6 @@ must build them after they have wrapped or sharded the parameters).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 from abc import ABC, abstractmethod
@@ -21,16 +20,15 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from torch import nn
 
+from dalle_dist.backends.config import DistributedConfig
 from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.precision import (
-    AMP_PRECISION,
-    DEFAULT_PRECISION,
     Precision,
     PrecisionKind,
     apex_amp,
 )
 from dalle_dist.backends.verdict import Verdict
-from dalle_dist.backends.watch import DEFAULT_TIMEOUT_S, ENGINE_GRACE_S, CollectiveWatch
+from dalle_dist.backends.watch import ENGINE_GRACE_S, CollectiveWatch
 from dalle_dist.checkpoint_io import keep_history, write_checkpoint_file
 from dalle_dist.errors import ConfigError, DalleDistError, PeerLost, Stopped
 
@@ -244,24 +242,18 @@ class DistributedBackend(ABC):
         if "name" in cls.__dict__:  # intermediate bases (TorchDistributedBackend) name nothing
             REGISTERED[cls.name] = cls
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.use_apex = bool(getattr(args, "amp", False))
-        self.precision_name: str = (AMP_PRECISION if self.use_apex else
-                                    getattr(args, "precision", DEFAULT_PRECISION))
-        device = getattr(args, "device", None)
+    def __init__(self, settings: DistributedConfig) -> None:
+        self.settings = settings
+        self.use_apex = settings.amp
+        self.precision_name: str = settings.precision_name
+        device = settings.device
         self.requested_device = torch.device(device) if device else None
-        self.collective_timeout = float(getattr(args, "collective_timeout", None)
-                                        or DEFAULT_TIMEOUT_S)
+        self.collective_timeout = float(settings.collective_timeout)
         self.world_size, self.rank, self.local_rank = 1, 0, 0
         self.local_world_size = 1
         self._watch: CollectiveWatch | None = None
 
     # -- without an engine -------------------------------------------------------------
-
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Flags only this backend reads (added for every backend, so --help lists them)."""
 
     @classmethod
     def verdict(cls, cuda: bool) -> Verdict:

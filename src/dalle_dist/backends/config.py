@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dalle_dist.backends.precision import PRECISIONS
+from dalle_dist.backends.precision import AMP_PRECISION, PRECISIONS
 from dalle_dist.backends.watch import DEFAULT_TIMEOUT_S
 from dalle_dist.config_base import DictConfig, option
-from dalle_dist.errors import ConfigError
 
 _DEEPSPEED = "deepspeed backend"
+_BACKEND = "distributed backend"
 
 
 @dataclass(frozen=True)
@@ -23,17 +23,18 @@ class DistributedConfig(DictConfig):
 
     backend: str | None = option(
         None, "", name="--distributed_backend", aliases=("--distr_backend",), metavar="NAME",
-        default_text="default: single")
-    deepspeed: bool = option(False, "use the deepspeed backend (as DALLE-pytorch's --deepspeed)")
+        default_text="default: single", group=_BACKEND)
+    deepspeed: bool = option(False, "use the deepspeed backend (as DALLE-pytorch's --deepspeed)",
+                             group=_BACKEND)
     precision: str = option(PRECISIONS[0], "", choices=PRECISIONS,
-                            shortcuts=(("--fp16", "fp16"),))
+                            shortcuts=(("--fp16", AMP_PRECISION),), group=_BACKEND)
     collective_timeout: float = option(
         DEFAULT_TIMEOUT_S, "how long a rank waits for the others (a step's all-reduce, a "
         "checkpoint save, the built-in VAE) before the run ends with an error naming the wait; "
         "raise it when saving a huge model to a slow disk takes longer", metavar="SECONDS",
-        default_text=f"default {DEFAULT_TIMEOUT_S:.0f}: 30 minutes")
+        default_text=f"default {DEFAULT_TIMEOUT_S:.0f}: 30 minutes", group=_BACKEND)
     amp: bool = option(False, "fp16 through NVIDIA Apex amp (O1) when it imports on CUDA, else "
-                              "torch autocast fp16; the log says which")
+                              "torch autocast fp16; the log says which", group=_BACKEND)
     device: str | None = option(
         None, "cpu, cuda or cuda:N",
         default_text="default: the rank's GPU when there is one, else cpu")
@@ -48,16 +49,6 @@ class DistributedConfig(DictConfig):
     clip_grad_norm: float | None = None
 
     @property
-    def backend_name(self) -> str | None:
-        """--distributed_backend, or deepspeed for DALLE-pytorch's --deepspeed; None: default."""
-        if self.deepspeed:
-            if self.backend not in (None, "deepspeed"):
-                raise ConfigError(f"--deepspeed contradicts --distributed_backend "
-                                  f"{self.backend}", "drop one of the two")
-            return "deepspeed"
-        return self.backend
-
-    @property
     def precision_name(self) -> str:
         """What the run trains in: --amp is DALLE-pytorch's fp16 (Apex O1 where it exists)."""
-        return "fp16" if self.amp else self.precision
+        return AMP_PRECISION if self.amp else self.precision

@@ -8,7 +8,6 @@ batch arithmetic is checked before DeepSpeed sees it. No `amp` block is ever wri
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -257,18 +256,6 @@ class DeepSpeedBackend(TorchDistributedBackend):
             "0.19.7); --attn_types sparse runs on torch SDPA with the same block layout")
         return facts
 
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("deepspeed backend")
-        group.add_argument("--deepspeed_config", help="DeepSpeed JSON merged over the config "
-                           "built from these flags")
-        group.add_argument("--zero_stage", type=int, default=0, choices=range(4),
-                           help="ZeRO stage (default %(default)s)")
-        group.add_argument("--zero_offload", choices=("none", "cpu"), default="none",
-                           help="offload optimizer state to the CPU (ZeRO 1-3)")
-        group.add_argument("--ga_steps", type=int, default=1,
-                           help="gradient accumulation steps (default %(default)s)")
-
     def shutdown(self) -> None:
         """Also remove this rank's shared-memory all-reduce buffers: DeepSpeed's CPU comm
         op creates /dev/shm/deepspeed_allreduce_buffer_*_ADDR_PORT_RANK and never unlinks
@@ -291,7 +278,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
 
     def build_config(self, batch_size: int, clip_grad_norm: float | None) -> dict[str, Any]:
         """Our flags as a DeepSpeed config, the JSON merged over it, batch numbers checked."""
-        args = self.args
+        args = self.settings
         if args.ga_steps <= 0:
             raise ConfigError(f"--ga_steps must be positive, got {args.ga_steps}")
         zero: dict[str, Any] = {"stage": args.zero_stage}
@@ -347,7 +334,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
 
     def check_config(self, batch_size: int) -> None:
         super().check_config(batch_size)
-        self.config = self.build_config(batch_size, getattr(self.args, "clip_grad_norm", None))
+        self.config = self.build_config(batch_size, self.settings.clip_grad_norm)
 
     def rank_batch_size(self, batch_size: int) -> int:
         return int(self.config["train_micro_batch_size_per_gpu"])

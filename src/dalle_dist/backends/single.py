@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from dalle_dist.backends.base import DistributedBackend, Engine, OptimizerFactory, SchedulerFactory
+from dalle_dist.backends.config import DistributedConfig
 from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.precision import DEFAULT_PRECISION
 
@@ -23,8 +23,8 @@ class SingleBackend(DistributedBackend):
     def on(cls, device: torch.device | None = None, precision: str = DEFAULT_PRECISION
            ) -> SingleBackend:
         """A single backend built in code rather than from the command line."""
-        return cls(argparse.Namespace(device=str(device) if device else None,
-                                      precision=precision))
+        return cls(DistributedConfig(device=str(device) if device else None,
+                                     precision=precision))
 
     def initialize(self) -> None:
         pass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from dalle_dist.backends.config import DistributedConfig
 from dalle_dist.config_base import add_flags, from_args
 from dalle_dist.generate import GenerateConfig
 
@@ -17,7 +18,7 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
                                                  'left|a large blue square at the top"')
     add_flags(p, GenerateConfig)
     p.add_argument("--outputs_dir", default="outputs", help="default %(default)s")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: auto)")
+    add_flags(p, DistributedConfig, only=["device"])
     p.set_defaults(run=run_generate)
 
 

@@ -9,7 +9,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from dalle_dist.backends import DistributedBackend, add_backend_arguments, backend_from_args
+from dalle_dist.backends import (
+    DistributedBackend,
+    DistributedConfig,
+    add_backend_arguments,
+    backend_from_config,
+)
 from dalle_dist.cli.exits import report_and_exit
 from dalle_dist.config_base import add_flags, flag_values, from_args
 from dalle_dist.data import DataConfig
@@ -37,9 +42,7 @@ def _add_train_args(parser: argparse.ArgumentParser, defaults: TrainConfig) -> N
     group = parser.add_argument_group("training")
     add_flags(group, defaults, exclude=["clip_grad_norm"])
     add_flags(group, ResumeConfig)
-    group.add_argument("--device", default=None,
-                       help="cpu, cuda or cuda:N (default: the rank's GPU when there is one, "
-                            "else cpu)")
+    add_flags(group, DistributedConfig, only=["device"])
     add_backend_arguments(parser)
 
 
@@ -65,7 +68,9 @@ def run_on_backend(args: argparse.Namespace, command: Callable[[DistributedBacke
     Every wait for the other ranks is bounded by --collective_timeout (backends/watch.py);
     after a peer is lost the group is not left politely: leaving could wait for it too.
     """
-    backend = backend_from_args(args)
+    settings = from_args(DistributedConfig, args,
+                         clip_grad_norm=getattr(args, "clip_grad_norm", None))
+    backend = backend_from_config(settings)
     backend.initialize()
     # Tells main() to end this rank with os._exit (see cli.exits), error or not.
     args.joined_process_group = backend.world_size > 1
