@@ -87,7 +87,7 @@ def shm_facts(path: str = "/dev/shm") -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _quiet() -> Any:
-    from dalle_dist.ds_checkpoint import quiet_output
+    from dalle_dist.fileio import quiet_output
 
     with quiet_output():
         yield

@@ -19,7 +19,7 @@ class DDPEngine(Engine):
         super().__init__(ddp.module, *args, **kwargs)
         self.ddp = ddp
 
-    def _call(self, *args: Any, **kwargs: Any) -> Any:
+    def _call_wrapped_module(self, *args: Any, **kwargs: Any) -> Any:
         return self.ddp(*args, **kwargs)
 
 

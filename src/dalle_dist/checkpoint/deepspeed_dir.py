@@ -13,20 +13,18 @@ it names a global outside the few DeepSpeed data classes its checkpoints really 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dalle_dist.checkpoint_io import read_checkpoint_file, write_checkpoint_file
+from dalle_dist.backends import Engine
+from dalle_dist.checkpoint.format import read_checkpoint_file, write_checkpoint_file
 from dalle_dist.errors import CheckpointError
-from dalle_dist.fileio import atomic_writer
+from dalle_dist.fileio import atomic_writer, quiet_output
 
 AUXILIARY_FILE = "auxiliary.pt"
 LATEST_FILE = "latest"
@@ -150,27 +148,6 @@ def consolidated_weights(directory: str | Path, tag: str, flag: str) -> dict[str
     return {k: v.contiguous() for k, v in state.items()}
 
 
-@contextlib.contextmanager
-def quiet_output() -> Iterator[None]:
-    """Silence file descriptors 1 and 2 (DeepSpeed's loggers hold their own handles to
-    them, so redirecting sys.stdout would not do), restoring them on the way out."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, devnull):
-            os.close(fd)
-
-
 def _deepspeed_classes() -> list[Any]:
     """The allowed DeepSpeed classes themselves, for torch.load's safe_globals."""
     try:
@@ -202,3 +179,48 @@ def publish_tag(directory: Path, tag: str, keep_n: int | None) -> None:
         for old in tags[keep_n:]:
             if old.name != tag:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def save_ds_checkpoint(engine: Engine, path: Path, meta: dict[str, Any],
+                       keep_n: int | None) -> None:
+    """DeepSpeed's own tag (all ranks), our metadata in it and beside it, a single
+    weights file (root), and only then `latest`: a save cut short anywhere leaves
+    `latest` naming the previous complete tag. keep_n: the newest N tags stay."""
+    import torch.distributed as dist
+
+    directory = ds_checkpoint_dir(path)
+    # The root names the tag for all: `latest` may be on rank 0's disk only, and ranks
+    # that chose different tags would write two half checkpoints.
+    box = [new_tag(directory, meta["step"]) if engine.is_root else None]
+    dist.broadcast_object_list(box, src=0)
+    tag = box[0]
+    if engine.is_root and (directory / tag).exists():
+        shutil.rmtree(directory / tag)  # left by a save that never finished
+    dist.barrier()
+    engine.save_native(directory, tag, client_state={"step": meta["step"]})
+    weights = engine.full_state_dict()
+    if engine.is_root:
+        aux = {**meta, **engine.training_state()}
+        with engine.working_alone():
+            write_tag_meta(directory, tag, aux)
+            write_checkpoint_file(path, {**aux, "weights": weights, "optimizer": None})
+    dist.barrier()  # every rank's partition files are written
+    if engine.is_root:
+        with engine.working_alone():
+            publish_tag(directory, tag, keep_n)
+
+
+def load_ds_checkpoint(engine: Engine, payload: dict[str, Any], world_size: int) -> None:
+    """Optimizer and weights from the tag a payload read with keep_ds_dir names, through
+    DeepSpeed, once every file of the tag has passed the pickle check."""
+    directory, tag = Path(payload["ds_dir"]), payload["ds_tag"]
+    check_ds_files_safe(directory / tag, "--resume")
+    if payload["world_size"] != world_size and payload.get("zero_stage"):
+        raise CheckpointError(
+            f"{directory} holds ZeRO-{payload['zero_stage']} partitions of "
+            f"{payload['world_size']} ranks, this run has {world_size}",
+            f"launch {payload['world_size']} ranks, or convert it first: dalle-dist "
+            f"checkpoint convert {directory} OUT.pt")
+    if not engine.load_native(directory, tag):
+        raise CheckpointError(f"DeepSpeed could not load {directory}/{tag}",
+                              "check the directory, or convert it to a single file")
