@@ -69,8 +69,8 @@ def check_captions(source: Dataset | EpochLoader | WebDatasetLoader, tokenizer: 
 
 
 def make_loader(config: DataConfig, image_size: int, batch_size: int, rank: int,
-                 world_size: int, seed: int, collate: CaptionCollate, require_captions: bool,
-                 flag: str = "--image_text_folder") -> tuple[EpochLoader | WebDatasetLoader, str]:
+                world_size: int, seed: int, collate: CaptionCollate, require_captions: bool,
+                flag: str = "--image_text_folder") -> tuple[EpochLoader | WebDatasetLoader, str]:
     """This rank's batches and a log line describing the data behind them."""
     if config.wds:
         if config.builtin:

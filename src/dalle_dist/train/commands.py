@@ -48,6 +48,8 @@ from dalle_dist.train.run_log import RunLog
 from dalle_dist.train.task import Task
 from dalle_dist.train.vae_task import VAETask
 
+Loader = EpochLoader | WebDatasetLoader
+
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
@@ -56,9 +58,8 @@ def seed_everything(seed: int) -> None:
 
 
 def rank_loader(data_cfg: DataConfig, image_size: int, train_cfg: TrainConfig,
-                 backend: DistributedBackend, collate: CaptionCollate, require_captions: bool,
-                 log: RunLog, flag: str = "--image_text_folder"
-                 ) -> EpochLoader | WebDatasetLoader:
+                backend: DistributedBackend, collate: CaptionCollate, require_captions: bool,
+                log: RunLog, flag: str = "--image_text_folder") -> Loader:
     """This rank's share of the data, in batches of its share of --batch_size."""
     loader, description = make_loader(
         data_cfg, image_size, backend.rank_batch_size(train_cfg.batch_size), backend.rank,
@@ -67,7 +68,7 @@ def rank_loader(data_cfg: DataConfig, image_size: int, train_cfg: TrainConfig,
     return loader
 
 
-def check_same_steps(loader: EpochLoader | WebDatasetLoader, backend: DistributedBackend,
+def check_same_steps(loader: Loader, backend: DistributedBackend,
                      flag: str) -> None:
     """Every rank must take as many steps per epoch as the others, or the one that runs
     out first leaves the rest waiting in an all-reduce; ranks that list the data on their
@@ -81,16 +82,15 @@ def check_same_steps(loader: EpochLoader | WebDatasetLoader, backend: Distribute
 
 
 def checked_loader(data_cfg: DataConfig, train_cfg: TrainConfig,
-                    backend: DistributedBackend, collate: CaptionCollate, tokenizer: Any,
-                    text_seq_len: int, log: RunLog) -> EpochLoader | WebDatasetLoader:
+                   backend: DistributedBackend, collate: CaptionCollate, tokenizer: Any,
+                   text_seq_len: int, log: RunLog) -> Loader:
     """This rank's batches of image-caption pairs, captions checked against text_seq_len."""
     loader = rank_loader(data_cfg, data_cfg.image_size, train_cfg, backend, collate, True, log)
     check_captions(loader, tokenizer, text_seq_len, data_cfg.truncate_captions)
     return loader
 
 
-def describe_batch(backend: DistributedBackend, batch_size: int,
-                   loader: EpochLoader | WebDatasetLoader) -> str:
+def describe_batch(backend: DistributedBackend, batch_size: int, loader: Loader) -> str:
     if backend.world_size == 1:
         return f"batch {batch_size}"
     per_rank = loader.batch_size
@@ -119,9 +119,6 @@ def check_attn_impl(attn_impl: str, device: torch.device, attn_dropout: float) -
     if attn_dropout:
         raise ConfigError("--attn_impl flex has no attention dropout",
                           "set --attn_dropout 0 or use --attn_impl sdpa")
-
-
-Loader = EpochLoader | WebDatasetLoader
 
 
 @dataclass
