@@ -1,4 +1,5 @@
-"""DeepSpeed checkpoint directories (`<name>-ds-cp/`): layout, completeness and safe reading.
+"""DeepSpeed checkpoint directories (`<name>-ds-cp/`): layout, saving, completeness and
+safe reading.
 
 Layout (DALLE-pytorch's, DESIGN.md "Checkpoints"): DeepSpeed's own tag folders
 `global_stepN/`, the `latest` file naming the newest tag, and `auxiliary.pt` with our
@@ -9,6 +10,9 @@ written last, so a tag it names is complete.
 DeepSpeed reads its files with torch.load(weights_only=False). Before any of them is
 handed to it, every file of the tag is listed with torch's pickle scanner and refused if
 it names a global outside the few DeepSpeed data classes its checkpoints really hold.
+
+The engine writes and reads its own tag folder (Engine.save_native / load_native); which
+tag, the metadata, `latest` and how many tags stay are decided here.
 """
 
 from __future__ import annotations
