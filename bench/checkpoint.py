@@ -11,17 +11,17 @@ batch 8, fp32, built-in shapes data. Each rank builds and distributes it through
 Then, in a temporary directory, with backend.barrier(name) before and after each timed region
 and the median of --repeats repetitions reported (every repetition is listed too):
 
-- save_s: train.loop.save_checkpoint, as the loop calls it (keep_n=2, a new step each time,
-  so DeepSpeed writes a new tag): NAME.pt for the file backends; NAME-ds-cp/<tag>/ and
-  NAME.pt for DeepSpeed.
+- save_s: checkpoint.checkpointer.Checkpointer.save, as the loop calls it (keep_n=2, a
+  new step each time, so DeepSpeed writes a new tag): NAME.pt for the file backends;
+  NAME-ds-cp/<tag>/ and NAME.pt for DeepSpeed.
 - resume_s: what a resumed run does before its first step: load_checkpoint (NAME.pt, or
   the NAME-ds-cp directory unconsolidated for DeepSpeed), rebuild config, VAE and tokenizer
   from it (dalle_parts), a fresh DALLETask with the weights loaded when the payload has
-  them, distribute, then train.commands.restore_training (optimizer, scheduler, RNG,
+  them, distribute, then checkpoint.resume.restore_training (optimizer, scheduler, RNG,
   position). resume_phases_s splits it (rank 0's clock, medians).
 - file_mb: size of NAME.pt; ds_tag_mb: DeepSpeed's newest tag directory in total.
-- consolidate_s (DeepSpeed): ds_checkpoint.consolidated_weights on that tag (zero_to_fp32
-  for ZeRO partitions), on rank 0 alone.
+- consolidate_s (DeepSpeed): checkpoint.deepspeed_dir.consolidated_weights on that tag
+  (zero_to_fp32 for ZeRO partitions), on rank 0 alone.
 
 After the last resume the resumed weights' digest is compared with the saved model's
 (resumed_weights_match) and anything restore_training warned about is listed
@@ -86,15 +86,20 @@ def tree_bytes(path: Path) -> int:
 
 def rank_main(name: str, args: argparse.Namespace) -> None:
     from dalle_dist.backends import backend_from_config
+    from dalle_dist.checkpoint.checkpointer import Checkpointer
+    from dalle_dist.checkpoint.deepspeed_dir import (
+        consolidated_weights,
+        current_tag,
+        ds_checkpoint_dir,
+    )
+    from dalle_dist.checkpoint.format import LoopState
+    from dalle_dist.checkpoint.load import dalle_parts, load_checkpoint
+    from dalle_dist.checkpoint.resume import restore_training
     from dalle_dist.data import CaptionCollate, DataConfig, EpochLoader, ShapesDataset
     from dalle_dist.data.tokenizer import ByteTokenizer
-    from dalle_dist.ds_checkpoint import consolidated_weights, current_tag, ds_checkpoint_dir
     from dalle_dist.model import DALLEConfig, DiscreteVAE, VAEConfig
-    from dalle_dist.train.checkpoint import dalle_parts, load_checkpoint
-    from dalle_dist.train.commands import restore_training
     from dalle_dist.train.config import RunPaths, TrainConfig
     from dalle_dist.train.dalle_task import DALLETask
-    from dalle_dist.train.loop import LoopState, save_checkpoint
     from dalle_dist.train.run_log import RunLog
 
     class CollectingLog(RunLog):
@@ -165,12 +170,12 @@ def rank_main(name: str, args: argparse.Namespace) -> None:
         tmp_dir = Path(backend.broadcast_object(tmp, "bench temporary directory"))
         paths = RunPaths(tmp_dir / "bench.pt")
 
+        checkpointer = Checkpointer(paths.checkpoint, task, engine, backend, keep_n=2)
         save_times = []
         for i in range(args.repeats):
             state = LoopState(step=steps + i, epoch=0, batch=steps + i)
-            save_times.append(timed(save_checkpoint, task, engine, backend, paths, state,
-                                    keep_n=2))
-        del task, engine
+            save_times.append(timed(checkpointer.save, state))
+        del task, engine, checkpointer
         gc.collect()
 
         source = ds_checkpoint_dir(paths.checkpoint) if is_ds else paths.checkpoint
@@ -195,7 +200,8 @@ def rank_main(name: str, args: argparse.Namespace) -> None:
                 marks.append(time.perf_counter())
                 engine2 = distribute(task2)
                 marks.append(time.perf_counter())
-                state = restore_training(payload, engine2, backend, train_cfg, log)
+                state = restore_training(payload, engine2, backend, train_cfg.batch_size,
+                                         train_cfg.seed, log)
                 marks.append(time.perf_counter())
                 for phase, (a, b) in zip(phases, itertools.pairwise(marks), strict=True):
                     phases[phase].append(b - a)

@@ -99,7 +99,7 @@ def deepspeed_cpu_ops() -> Iterator[None]:
     for lock in cache.glob("*/lock"):
         if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
             lock.unlink(missing_ok=True)
-    code = ("from dalle_dist.quiet import quiet_output\n"
+    code = ("from dalle_dist.fileio import quiet_output\n"
             "with quiet_output():\n"
             "    from deepspeed.accelerator import get_accelerator\n"
             "    builder = get_accelerator().create_op_builder('ShareMemCommBuilder')\n"

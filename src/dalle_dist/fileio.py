@@ -1,9 +1,11 @@
-"""Writing files so that a crash never leaves one half-written (DESIGN.md, "Errors")."""
+"""Writing files so that a crash never leaves one half-written (DESIGN.md, "Errors"), and
+keeping an optional engine's own output off our file descriptors."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,3 +91,24 @@ def ensure_writable_file(path: str | Path, flag: str) -> Path:
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputError(f"{path} exists and is not writable", f"choose another {flag}")
     return path
+
+
+@contextlib.contextmanager
+def quiet_output() -> Iterator[None]:
+    """Silence file descriptors 1 and 2 (DeepSpeed's loggers hold their own handles to
+    them, so redirecting sys.stdout would not do), restoring them on the way out."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import torch
 
+from dalle_dist.checkpoint.load import dalle_parts, load_checkpoint
 from dalle_dist.config_base import option
 from dalle_dist.data.images import make_grid, save_png, tensor_to_pil
 from dalle_dist.data.tokenizer import Tokenizer, tokenize
 from dalle_dist.errors import ConfigError
 from dalle_dist.fileio import ensure_writable_dir
 from dalle_dist.model import DALLE, DiscreteVAE
-from dalle_dist.train.checkpoint import dalle_parts, load_checkpoint
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Sampler:
 def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_path") -> Sampler:
     """From a checkpoint file, a DeepSpeed directory, or a safetensors export."""
     if Path(path).suffix in (".json", ".safetensors"):
-        from dalle_dist.checkpoint_export import load_exported
+        from dalle_dist.checkpoint.export import load_exported
 
         payload = load_exported(path, flag)
         if payload["kind"] != "dalle":

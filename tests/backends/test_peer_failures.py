@@ -19,8 +19,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from dalle_dist.checkpoint.resume import newest_checkpoint
 from dalle_dist.train.config import RunPaths
-from dalle_dist.train.resume import newest_checkpoint
 from dalle_dist.train.run_log import RunLog
 from tests import launch
 from tests.backends.runs import assert_ranks_consistent

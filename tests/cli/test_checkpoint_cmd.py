@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from dalle_dist.checkpoint_export import load_exported
+from dalle_dist.checkpoint.export import load_exported
+from dalle_dist.checkpoint.load import dalle_parts, vae_from_checkpoint
 from dalle_dist.errors import CheckpointError
 from dalle_dist.model import DALLE
-from dalle_dist.train.checkpoint import dalle_parts, vae_from_checkpoint
 from tests import launch
 from tests.conftest import TINY_DALLE_FLAGS, assert_user_error, run_cli
 

@@ -29,7 +29,6 @@ from dalle_dist.backends.precision import (
 )
 from dalle_dist.backends.verdict import Verdict
 from dalle_dist.backends.watch import ENGINE_GRACE_S, CollectiveWatch
-from dalle_dist.checkpoint_io import keep_history, write_checkpoint_file
 from dalle_dist.errors import ConfigError, DalleDistError, PeerLost, Stopped
 
 T = TypeVar("T")
@@ -72,6 +71,9 @@ class Engine:
 
     #: True when no single rank holds all weights (FSDP, ZeRO-3): gathering is collective.
     shards_parameters: ClassVar[bool] = False
+    #: True when the engine keeps its optimizer state in its own checkpoint format
+    #: (DeepSpeed's partitions), written and read through save_native / load_native.
+    has_native_checkpoint: ClassVar[bool] = False
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any | None, precision: Precision, is_root: bool = True,
@@ -169,22 +171,21 @@ class Engine:
         agree), the rank's own shard on sharded engines (shards differ by design)."""
         return parameter_digest(self.module.state_dict())
 
-    def save(self, path: str | Path, meta: dict[str, Any], keep_n: int | None = None) -> None:
-        """Write meta + weights + optimizer + scheduler as one file, from the root rank;
-        keep_n: also keep it among the newest N in `<name>-checkpoints/`.
+    def training_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides weights and optimizer, read on the root rank:
+        the scheduler, and fp16's loss scale and its growth count (so a resumed run scales
+        as before)."""
+        scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
+        scaler = self.precision.scaler.state_dict() if self.precision.scaler else None
+        return {"scheduler": scheduler, "scaler": scaler}
 
-        Every rank calls it (gathering a sharded model is collective); only the root writes.
-        """
-        weights, optimizer = self.full_state_dict(), self.optimizer_state_dict()
-        if self.is_root:
-            scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
-            # fp16's loss scale and its growth count, so a resumed run scales as before.
-            scaler = self.precision.scaler.state_dict() if self.precision.scaler else None
-            with self.working_alone():
-                write_checkpoint_file(path, {**meta, "weights": weights, "optimizer": optimizer,
-                                             "scheduler": scheduler, "scaler": scaler})
-                if keep_n:
-                    keep_history(path, meta["step"], keep_n)
+    def save_native(self, directory: Path, tag: str, client_state: dict[str, Any]) -> None:
+        """Every rank writes its part of the engine's own checkpoint as `directory/tag`."""
+        raise NotImplementedError(f"{type(self).__name__} has no checkpoint format of its own")
+
+    def load_native(self, directory: Path, tag: str) -> bool:
+        """Load `directory/tag` of the engine's own format; False when the engine could not."""
+        raise NotImplementedError(f"{type(self).__name__} has no checkpoint format of its own")
 
     def load_training_state(self, payload: dict[str, Any]) -> str | None:
         """Restore optimizer and scheduler state from a checkpoint (the weights are loaded
@@ -235,6 +236,9 @@ class DistributedBackend(ABC):
     launch_hint: ClassVar[str] = ""
     #: True when --batch_size is the global batch split over ranks; False: per worker.
     batch_size_is_global: ClassVar[bool] = True
+    #: True when its engine keeps optimizer state in its own checkpoint format (a resumed
+    #: run then reads that directory as it is instead of consolidating it)
+    has_native_checkpoint: ClassVar[bool] = False
     plan_terms: ClassVar[PlanTerms]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

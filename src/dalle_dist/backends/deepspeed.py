@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,16 +29,8 @@ from dalle_dist.backends.precision import Precision, PrecisionKind
 from dalle_dist.backends.torch_dist import TorchDistributedBackend
 from dalle_dist.backends.verdict import Verdict, error_line, installed_version
 from dalle_dist.backends.watch import CollectiveWatch
-from dalle_dist.checkpoint_io import write_checkpoint_file
-from dalle_dist.ds_checkpoint import (
-    check_ds_files_safe,
-    ds_checkpoint_dir,
-    new_tag,
-    publish_tag,
-    write_tag_meta,
-)
-from dalle_dist.errors import CheckpointError, ConfigError
-from dalle_dist.quiet import quiet_output
+from dalle_dist.errors import ConfigError
+from dalle_dist.fileio import quiet_output
 
 
 def read_json_config(path: str) -> dict[str, Any]:
@@ -79,7 +70,10 @@ def _innermost_torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
 
 
 class DeepSpeedEngine(Engine):
-    """DeepSpeed clips (gradient_clipping) and zeroes gradients inside its own step."""
+    """DeepSpeed clips (gradient_clipping) and zeroes gradients inside its own step, and
+    keeps its optimizer partitions in its own checkpoint format."""
+
+    has_native_checkpoint = True
 
     def __init__(self, ds_engine: Any, scheduler: Any, stage: int, device: torch.device,
                  is_root: bool, watch: CollectiveWatch | None = None) -> None:
@@ -140,64 +134,41 @@ class DeepSpeedEngine(Engine):
         return parameter_digest({name: param.ds_tensor
                                  for name, param in self.module.named_parameters()})
 
-    def save(self, path: str | Path, meta: dict[str, Any], keep_n: int | None = None) -> None:
-        """DeepSpeed's own tag (all ranks), our metadata in it and beside it, a single
-        weights file (root), and only then `latest`: a save cut short anywhere leaves
-        `latest` naming the previous complete tag."""
-        import torch.distributed as dist
+    def training_state(self) -> dict[str, Any]:
+        """The scheduler and the ZeRO stage (DeepSpeed keeps its loss scale in its own
+        files)."""
+        scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
+        return {"scheduler": scheduler, "zero_stage": self.stage}
 
-        directory = ds_checkpoint_dir(path)
-        # The root names the tag for all: `latest` may be on rank 0's disk only, and ranks
-        # that chose different tags would write two half checkpoints.
-        box = [new_tag(directory, meta["step"]) if self.is_root else None]
-        dist.broadcast_object_list(box, src=0)
-        tag = box[0]
-        if self.is_root and (directory / tag).exists():
-            shutil.rmtree(directory / tag)  # left by a save that never finished
-        dist.barrier()
-        self.ds_engine.save_checkpoint(str(directory), tag=tag,
-                                       client_state={"step": meta["step"]}, save_latest=False)
-        weights = self.full_state_dict()
-        if self.is_root:
-            scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
-            aux = {**meta, "scheduler": scheduler, "zero_stage": self.stage}
-            with self.working_alone():
-                write_tag_meta(directory, tag, aux)
-                write_checkpoint_file(path, {**aux, "weights": weights, "optimizer": None})
-        dist.barrier()  # every rank's partition files are written
-        if self.is_root:
-            with self.working_alone():
-                publish_tag(directory, tag, keep_n)
+    def save_native(self, directory: Path, tag: str, client_state: dict[str, Any]) -> None:
+        """DeepSpeed's tag folder; `latest` is left to the caller, written once all is
+        complete."""
+        self.ds_engine.save_checkpoint(str(directory), tag=tag, client_state=client_state,
+                                       save_latest=False)
 
-    def load_training_state(self, payload: dict[str, Any]) -> str | None:
-        """A DeepSpeed directory restores everything through DeepSpeed; a single file
-        brings weights (loaded before wrapping) but no optimizer state for ZeRO."""
-        if self.scheduler is not None and payload.get("scheduler"):
-            self.scheduler.load_state_dict(payload["scheduler"])
-        if "ds_dir" not in payload:
-            if payload.get("step", 0) == 0:
-                return None
-            return ("DeepSpeed keeps its optimizer state in its own directory, and this "
-                    "checkpoint is a single file")
-        directory, tag = Path(payload["ds_dir"]), payload["ds_tag"]
-        check_ds_files_safe(directory / tag, "--resume")
-        if payload["world_size"] != self.ds_engine.world_size and payload.get("zero_stage"):
-            raise CheckpointError(
-                f"{directory} holds ZeRO-{payload['zero_stage']} partitions of "
-                f"{payload['world_size']} ranks, this run has {self.ds_engine.world_size}",
-                f"launch {payload['world_size']} ranks, or convert it first: dalle-dist "
-                f"checkpoint convert {directory} OUT.pt")
+    def load_native(self, directory: Path, tag: str) -> bool:
+        """Weights, optimizer partitions and DeepSpeed's own state; our scheduler is
+        restored from our metadata (load_training_state)."""
         loaded, _ = self.ds_engine.load_checkpoint(str(directory), tag=tag,
                                                    load_lr_scheduler_states=False)
-        if loaded is None:
-            raise CheckpointError(f"DeepSpeed could not load {directory}/{tag}",
-                                  "check the directory, or convert it to a single file")
-        return None
+        return loaded is not None
+
+    def load_training_state(self, payload: dict[str, Any]) -> str | None:
+        """The scheduler. A DeepSpeed directory (`ds_dir`) restores the rest through
+        load_native; a single file brings weights (loaded before wrapping) but no
+        optimizer state for ZeRO."""
+        if self.scheduler is not None and payload.get("scheduler"):
+            self.scheduler.load_state_dict(payload["scheduler"])
+        if "ds_dir" in payload or payload.get("step", 0) == 0:
+            return None
+        return ("DeepSpeed keeps its optimizer state in its own directory, and this "
+                "checkpoint is a single file")
 
 
 class DeepSpeedBackend(TorchDistributedBackend):
     name = "deepspeed"
     extra = "deepspeed"
+    has_native_checkpoint = True
     list_position = 3
     launch_hint = "deepspeed --num_gpus N --module dalle_dist train --deepspeed"
     plan_terms = PlanTerms("DeepSpeed ZeRO-{stage}", cost_rank=(3, 4, 5, 7),

@@ -1,6 +1,6 @@
-"""Flags of `checkpoint inspect | convert | verify | export` (logic: dalle_dist.checkpoint_tools).
+"""Flags of `checkpoint inspect | convert | verify | export` (logic: dalle_dist.checkpoint.tools).
 
-checkpoint_tools imports torch and the models: it is imported inside each command, so
+checkpoint.tools imports torch and the models: it is imported inside each command, so
 `dalle-dist --help` stays cheap.
 """
 
@@ -53,7 +53,7 @@ def add_checkpoint(sub: argparse._SubParsersAction) -> None:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from dalle_dist.checkpoint_tools import describe, inspect_checkpoint
+    from dalle_dist.checkpoint.tools import describe, inspect_checkpoint
 
     info = inspect_checkpoint(args.path)
     print(json.dumps(info) if args.json else "\n".join(describe(info)))
@@ -61,7 +61,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    from dalle_dist.checkpoint_tools import convert_checkpoint
+    from dalle_dist.checkpoint.tools import convert_checkpoint
 
     done = convert_checkpoint(args.ds_dir, args.out, force=args.force)
     stage = "-" if done["zero_stage"] is None else done["zero_stage"]
@@ -72,14 +72,14 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from dalle_dist.checkpoint_tools import verify_checkpoint
+    from dalle_dist.checkpoint.tools import verify_checkpoint
 
     print(verify_checkpoint(args.path))
     return 0
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from dalle_dist.checkpoint_export import export_checkpoint
+    from dalle_dist.checkpoint.export import export_checkpoint
 
     weights, config = export_checkpoint(args.path, args.out, force=args.force)
     print(f"wrote {weights} ({weights.stat().st_size:,} bytes)")

@@ -28,7 +28,7 @@ __all__ = [
     "build_dataset",
     "check_captions",
     "describe_dataset",
-    "make_batches",
+    "make_loader",
 ]
 
 
@@ -68,9 +68,9 @@ def check_captions(source: Dataset | EpochLoader | WebDatasetLoader, tokenizer: 
     check_caption_lengths(tokenizer, all_captions(source), text_seq_len, truncate)
 
 
-def make_batches(config: DataConfig, image_size: int, batch_size: int, rank: int,
-                 world_size: int, seed: int, collate: CaptionCollate, require_captions: bool,
-                 flag: str = "--image_text_folder") -> tuple[EpochLoader | WebDatasetLoader, str]:
+def make_loader(config: DataConfig, image_size: int, batch_size: int, rank: int,
+                world_size: int, seed: int, collate: CaptionCollate, require_captions: bool,
+                flag: str = "--image_text_folder") -> tuple[EpochLoader | WebDatasetLoader, str]:
     """This rank's batches and a log line describing the data behind them."""
     if config.wds:
         if config.builtin:

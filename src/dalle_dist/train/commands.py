@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,33 +18,37 @@ import numpy as np
 import torch
 
 from dalle_dist.backends import DistributedBackend, Engine, SingleBackend
+from dalle_dist.checkpoint.checkpointer import Checkpointer
+from dalle_dist.checkpoint.load import dalle_parts, load_checkpoint, vae_from_checkpoint
+from dalle_dist.checkpoint.resume import (
+    Start,
+    check_flags_agree,
+    decide_start,
+    read_start,
+    restore_training,
+)
 from dalle_dist.data import (
     CaptionCollate,
     DataConfig,
     EpochLoader,
     WebDatasetLoader,
     check_captions,
-    make_batches,
+    make_loader,
 )
 from dalle_dist.data.images import make_grid, save_png
 from dalle_dist.data.tokenizer import load_tokenizer
 from dalle_dist.errors import ConfigError, DataError
 from dalle_dist.model import DALLEConfig, PatternOptions, VAEConfig, build_pattern
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
-from dalle_dist.train.checkpoint import (
-    dalle_parts,
-    load_checkpoint,
-    restore_rank_rng,
-    vae_from_checkpoint,
-)
 from dalle_dist.train.config import ResumeConfig, RunPaths, TrainConfig, VAESchedule
 from dalle_dist.train.dalle_task import DALLETask
 from dalle_dist.train.evaluate import evaluate_fidelity
-from dalle_dist.train.loop import LoopState, inference_model, train
-from dalle_dist.train.resume import Start, check_flags_agree, decide_start
+from dalle_dist.train.loop import inference_model, train
 from dalle_dist.train.run_log import RunLog
 from dalle_dist.train.task import Task
 from dalle_dist.train.vae_task import VAETask
+
+Loader = EpochLoader | WebDatasetLoader
 
 
 def seed_everything(seed: int) -> None:
@@ -53,19 +57,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rank_batches(data_cfg: DataConfig, image_size: int, train_cfg: TrainConfig,
-                 backend: DistributedBackend, collate: CaptionCollate, require_captions: bool,
-                 log: RunLog, flag: str = "--image_text_folder"
-                 ) -> EpochLoader | WebDatasetLoader:
+def rank_loader(data_cfg: DataConfig, image_size: int, train_cfg: TrainConfig,
+                backend: DistributedBackend, collate: CaptionCollate, require_captions: bool,
+                log: RunLog, flag: str = "--image_text_folder") -> Loader:
     """This rank's share of the data, in batches of its share of --batch_size."""
-    batches, description = make_batches(
+    loader, description = make_loader(
         data_cfg, image_size, backend.rank_batch_size(train_cfg.batch_size), backend.rank,
         backend.world_size, train_cfg.seed, collate, require_captions, flag)
     log.info(description)
-    return batches
+    return loader
 
 
-def check_same_steps(loader: EpochLoader | WebDatasetLoader, backend: DistributedBackend,
+def check_same_steps(loader: Loader, backend: DistributedBackend,
                      flag: str) -> None:
     """Every rank must take as many steps per epoch as the others, or the one that runs
     out first leaves the rest waiting in an all-reduce; ranks that list the data on their
@@ -78,17 +81,16 @@ def check_same_steps(loader: EpochLoader | WebDatasetLoader, backend: Distribute
                         "all nodes share, or copy it identically to each")
 
 
-def checked_batches(data_cfg: DataConfig, train_cfg: TrainConfig,
-                    backend: DistributedBackend, collate: CaptionCollate, tokenizer: Any,
-                    text_seq_len: int, log: RunLog) -> EpochLoader | WebDatasetLoader:
+def checked_loader(data_cfg: DataConfig, train_cfg: TrainConfig,
+                   backend: DistributedBackend, collate: CaptionCollate, tokenizer: Any,
+                   text_seq_len: int, log: RunLog) -> Loader:
     """This rank's batches of image-caption pairs, captions checked against text_seq_len."""
-    loader = rank_batches(data_cfg, data_cfg.image_size, train_cfg, backend, collate, True, log)
+    loader = rank_loader(data_cfg, data_cfg.image_size, train_cfg, backend, collate, True, log)
     check_captions(loader, tokenizer, text_seq_len, data_cfg.truncate_captions)
     return loader
 
 
-def describe_batch(backend: DistributedBackend, batch_size: int,
-                   loader: EpochLoader | WebDatasetLoader) -> str:
+def describe_batch(backend: DistributedBackend, batch_size: int, loader: Loader) -> str:
     if backend.world_size == 1:
         return f"batch {batch_size}"
     per_rank = loader.batch_size
@@ -119,60 +121,64 @@ def check_attn_impl(attn_impl: str, device: torch.device, attn_dropout: float) -
                           "set --attn_dropout 0 or use --attn_impl sdpa")
 
 
-def load_start(start: Start, kind: str, backend: DistributedBackend,
-               log: RunLog) -> dict[str, Any] | None:
-    """The checkpoint the run continues from, read by every rank (None: a fresh run)."""
-    if start.source is None:
-        return None
-    payload = backend.everywhere("the checkpoint load", lambda: load_checkpoint(
-        start.source, start.flag, kind, keep_ds_dir=backend.name == "deepspeed"))
-    within = f", {payload['batch']} batches into the next" if payload.get("batch") else ""
-    log.info(f"resuming {start.source} at step {payload['step']} (epoch {payload['epoch']}"
-             f"{within})")
-    payload["loaded_from"] = start.source
-    return payload
+@dataclass
+class RunSetup:
+    """The set-up both training commands share, in the order they run it: flags checked,
+    resume decided, checkpoint read (`begin`); data checked (`loader`); then the model
+    built by the command; then distributed, restored and trained (`train`). Every rank
+    takes each step, so an error on one stops all."""
 
+    backend: DistributedBackend
+    train_cfg: TrainConfig
+    resume: ResumeConfig
+    paths: RunPaths
+    log: RunLog
+    start: Start
+    payload: dict[str, Any] | None  # the checkpoint continued from; None: a fresh run
 
-def begin(resume: ResumeConfig, paths: RunPaths, output_flag: str, kind: str,
-          backend: DistributedBackend, batch_size: int, log: RunLog
-          ) -> tuple[Start, dict[str, Any] | None]:
-    """What every command does before its model exists, with every rank on one path: the
-    flags checked on all ranks, the output and resume decided by the root, the
-    checkpoint to continue read by all. An error on any rank stops every rank."""
-    backend.everywhere("the flag check", lambda: backend.check_config(batch_size))
-    start = backend.on_root("the resume decision",
-                            lambda: decide_start(resume, paths, output_flag, log))
-    return start, load_start(start, kind, backend, log)
+    @classmethod
+    def begin(cls, kind: str, output_flag: str, backend: DistributedBackend,
+              train_cfg: TrainConfig, resume: ResumeConfig, paths: RunPaths,
+              log: RunLog) -> RunSetup:
+        """What every command does before its model exists, with every rank on one path:
+        the flags checked on all ranks, the output and resume decided by the root, the
+        checkpoint to continue read by all and held against the model flags given."""
+        seed_everything(train_cfg.seed)
+        backend.everywhere("the flag check", lambda: backend.check_config(train_cfg.batch_size))
+        start = backend.on_root("the resume decision",
+                                lambda: decide_start(resume, paths, output_flag, log))
+        payload = read_start(start, kind, backend, log)
+        if payload is not None:
+            check_flags_agree(resume.given_model, payload["configs"]["model"],
+                              payload["loaded_from"])
+        return cls(backend, train_cfg, resume, paths, log, start, payload)
 
+    def loader(self, make: Callable[[], Loader], flag: str) -> Loader:
+        """This rank's data from `make`, with every rank taking as many steps per epoch."""
+        loader = self.backend.everywhere("the data check", make)
+        check_same_steps(loader, self.backend, flag)
+        return loader
 
-def after_first_save(start: Start, log: RunLog) -> Callable[[], None] | None:
-    """--overwrite: the earlier run's files go once the new run has saved once."""
-    replaces = start.replaces
-    return None if replaces is None else lambda: replaces.discard(log)
-
-
-def restore_training(payload: dict[str, Any], engine: Engine, backend: DistributedBackend,
-                     train_cfg: TrainConfig, log: RunLog) -> LoopState:
-    """Optimizer, scheduler, RNG and data position of `payload`, put back on this rank.
-
-    Called last before the loop, so no setup step draws from the restored RNG.
-    """
-    why = engine.load_training_state(payload)
-    if why:
-        log.info(f"warning: the optimizer starts fresh ({why})")
-    state = LoopState.from_checkpoint(payload)
-    saved_batch = payload["configs"].get("train", {}).get("batch_size", train_cfg.batch_size)
-    if state.batch and saved_batch != train_cfg.batch_size:
-        state.batch = state.batch * saved_batch // train_cfg.batch_size
-        log.info(f"warning: --batch_size {train_cfg.batch_size} differs from the "
-                 f"checkpoint's {saved_batch}: the epoch goes on from batch {state.batch}")
-    exact = restore_rank_rng(payload["rng"], backend.rank, backend.world_size,
-                             train_cfg.seed + state.step)
-    if not exact:
-        log.info(f"warning: the checkpoint was saved by {payload['world_size']} rank(s), this "
-                 f"run has {backend.world_size}: random states reseeded (the run continues, "
-                 "but no longer repeats an uninterrupted one exactly)")
-    return state
+    def train(self, task: Task, loader: Loader, headline: str) -> Engine:
+        """The checkpoint's weights into the model, the model distributed, `headline` and
+        the batch logged, optimizer, RNG and position restored, then the loop; returns
+        the trained engine."""
+        backend, train_cfg, log, payload = self.backend, self.train_cfg, self.log, self.payload
+        if payload is not None and payload["weights"] is not None:
+            task.model.load_state_dict(payload["weights"])
+        engine = distribute(task, backend, train_cfg)
+        log.info(f"{headline}, {train_cfg.epochs} epochs of {len(loader)} steps at "
+                 f"{describe_batch(backend, train_cfg.batch_size, loader)}")
+        state = None if payload is None else restore_training(
+            payload, engine, backend, train_cfg.batch_size, train_cfg.seed, log)
+        replaces = self.start.replaces  # --overwrite: the earlier run's files go after it
+        checkpointer = Checkpointer(
+            self.paths.checkpoint, task, engine, backend,
+            every_n_steps=train_cfg.save_every_n_steps, keep_n=self.resume.keep_n_checkpoints,
+            save_first=not self.start.own,
+            after_first_save=None if replaces is None else lambda: replaces.discard(log))
+        train(task, engine, backend, loader, train_cfg, self.paths, log, state, checkpointer)
+        return engine
 
 
 def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
@@ -185,29 +191,15 @@ def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
         cfg.validate()
     paths = paths or RunPaths.for_output(output)
     log = log or RunLog(paths.metrics, backend.is_root)
-    seed_everything(train_cfg.seed)
-    start, payload = begin(resume, paths, "--vae_output_file_name", "vae", backend,
-                           train_cfg.batch_size, log)
-    if payload is not None:
-        check_flags_agree(resume.given_model, payload["configs"]["model"],
-                          payload["loaded_from"])
-        vae_cfg = VAEConfig.from_dict(payload["configs"]["model"])
-    loader = backend.everywhere("the data check", lambda: rank_batches(
+    run = RunSetup.begin("vae", "--vae_output_file_name", backend, train_cfg, resume, paths, log)
+    if run.payload is not None:
+        vae_cfg = VAEConfig.from_dict(run.payload["configs"]["model"])
+    loader = run.loader(lambda: rank_loader(
         data_cfg, vae_cfg.image_size, train_cfg, backend, CaptionCollate(None, 0, False),
-        False, log, flag="--image_folder"))
-    check_same_steps(loader, backend, "--image_folder")
-
+        False, log, flag="--image_folder"), "--image_folder")
     task = VAETask(vae_cfg, schedule, train_cfg, data_cfg.to_dict())
-    if payload is not None and payload["weights"] is not None:
-        task.model.load_state_dict(payload["weights"])
-    engine = distribute(task, backend, train_cfg)
-    log.info(f"training a VAE: {vae_cfg.image_size}px -> {vae_cfg.fmap_size}x"
-             f"{vae_cfg.fmap_size} tokens of {vae_cfg.num_tokens}, {train_cfg.epochs} epochs "
-             f"of {len(loader)} steps at {describe_batch(backend, train_cfg.batch_size, loader)}")
-    state = None if payload is None else restore_training(payload, engine, backend, train_cfg,
-                                                          log)
-    train(task, engine, backend, loader, train_cfg, paths, log, state, save_first=not start.own,
-          keep_n=resume.keep_n_checkpoints, after_first_save=after_first_save(start, log))
+    run.train(task, loader, f"training a VAE: {vae_cfg.image_size}px -> {vae_cfg.fmap_size}x"
+              f"{vae_cfg.fmap_size} tokens of {vae_cfg.num_tokens}")
     log.info(f"saved VAE to {paths.checkpoint}")
     return paths.checkpoint
 
@@ -267,14 +259,10 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     check_attn_impl(attn_impl, backend.device, model_args.get("attn_dropout", 0.0))
     paths = RunPaths.for_output(output)
     log = RunLog(paths.metrics, backend.is_root)
-    seed_everything(train_cfg.seed)
-
-    start, payload = begin(resume, paths, "--dalle_output_file_name", "dalle", backend,
-                           train_cfg.batch_size, log)
-    if payload is not None:
-        check_flags_agree(resume.given_model, payload["configs"]["model"],
-                          payload["loaded_from"])
-        model_cfg, vae, tokenizer = dalle_parts(payload)
+    run = RunSetup.begin("dalle", "--dalle_output_file_name", backend, train_cfg, resume,
+                         paths, log)
+    if run.payload is not None:
+        model_cfg, vae, tokenizer = dalle_parts(run.payload)
         if vae_path:
             log.info("the checkpoint carries its VAE: --vae_path is not used")
     else:
@@ -295,24 +283,15 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
 
     data_cfg = replace(data_cfg, image_size=vae.config.image_size)
     collate = CaptionCollate(tokenizer, model_cfg.text_seq_len, data_cfg.truncate_captions)
-    loader = backend.everywhere("the data check", lambda: checked_batches(
-        data_cfg, train_cfg, backend, collate, tokenizer, model_cfg.text_seq_len, log))
-    check_same_steps(loader, backend, "--image_text_folder")
+    loader = run.loader(lambda: checked_loader(
+        data_cfg, train_cfg, backend, collate, tokenizer, model_cfg.text_seq_len, log),
+        "--image_text_folder")
 
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), lr_decay,
                      backend.device, attn_impl)
     n_params = sum(p.numel() for p in task.model.parameters())
-    if payload is not None and payload["weights"] is not None:
-        task.model.load_state_dict(payload["weights"])
-    engine = distribute(task, backend, train_cfg)
-    log.info(f"training DALL-E: {n_params / 1e6:.2f}M parameters, "
-             f"{model_cfg.text_seq_len} text + {model_cfg.image_seq_len} image tokens, "
-             f"{train_cfg.epochs} epochs of {len(loader)} steps at "
-             f"{describe_batch(backend, train_cfg.batch_size, loader)}")
-    state = None if payload is None else restore_training(payload, engine, backend, train_cfg,
-                                                          log)
-    train(task, engine, backend, loader, train_cfg, paths, log, state, save_first=not start.own,
-          keep_n=resume.keep_n_checkpoints, after_first_save=after_first_save(start, log))
+    engine = run.train(task, loader, f"training DALL-E: {n_params / 1e6:.2f}M parameters, "
+                       f"{model_cfg.text_seq_len} text + {model_cfg.image_seq_len} image tokens")
     log.info(f"saved DALL-E to {paths.checkpoint}")
 
     if not (data_cfg.builtin and fidelity_images):

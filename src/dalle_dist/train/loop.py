@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,29 +18,15 @@ from torch import nn
 
 from dalle_dist.backends import DistributedBackend, Engine
 from dalle_dist.backends.precision import dtype_names, matmul_dtypes
+from dalle_dist.checkpoint.checkpointer import Checkpointer
+from dalle_dist.checkpoint.format import LoopState
 from dalle_dist.data import EpochLoader, WebDatasetLoader
 from dalle_dist.data.images import save_png
 from dalle_dist.errors import Stopped
-from dalle_dist.train.checkpoint import capture_rng, checkpoint_meta
 from dalle_dist.train.config import RunPaths, TrainConfig
 from dalle_dist.train.preemption import stop_on_signals, stop_requested, stop_signal_name
 from dalle_dist.train.run_log import RunLog
 from dalle_dist.train.task import Batch, Task
-
-
-@dataclass
-class LoopState:
-    """Where training is: with the RNG states, all a resumed run needs to continue exactly."""
-
-    epoch: int = 0  # epochs completed
-    step: int = 0  # optimizer steps taken (micro-batches under DeepSpeed's --ga_steps)
-    batch: int = 0  # batches done in the current epoch
-    loss_sum: float = 0.0  # their summed loss, for the plateau scheduler at epoch end
-
-    @classmethod
-    def from_checkpoint(cls, payload: dict) -> LoopState:
-        return cls(epoch=payload["epoch"], step=payload["step"],
-                   batch=payload.get("batch", 0), loss_sum=payload.get("loss_sum", 0.0))
 
 
 @dataclass
@@ -105,18 +91,6 @@ def write_samples(task: Task, engine: Engine, backend: DistributedBackend, batch
             save_png(task.sample_grid(model, batch, device), path)
 
 
-def save_checkpoint(task: Task, engine: Engine, backend: DistributedBackend, paths: RunPaths,
-                    state: LoopState, keep_n: int | None = None) -> None:
-    """Collective: every rank's RNG states go into the root's file."""
-    with backend.waiting(f"the checkpoint save at step {state.step}"):
-        rng = backend.all_gather_object(capture_rng(), "the RNG-state gather")
-        meta = checkpoint_meta(task.kind, task.configs(), asdict(state), rng, backend.name,
-                               backend.world_size, precision=backend.precision_name,
-                               **task.extra_state())
-        engine.save(paths.checkpoint, meta, keep_n)
-        backend.barrier("the barrier after the root's write")
-
-
 def check_replicas(engine: Engine, backend: DistributedBackend, log: RunLog) -> list[str]:
     """Every rank's parameter digest; the log says whether all ranks hold the same model.
 
@@ -159,36 +133,32 @@ def loss_and_stop(loss: torch.Tensor, backend: DistributedBackend) -> tuple[floa
 def train(task: Task, engine: Engine, backend: DistributedBackend,
           data: EpochLoader | WebDatasetLoader,
           config: TrainConfig, paths: RunPaths, log: RunLog,
-          state: LoopState | None = None, save_first: bool = True,
-          keep_n: int | None = None, after_first_save: Callable[[], None] | None = None
+          state: LoopState | None = None, checkpointer: Checkpointer | None = None
           ) -> LoopState:
     """Train from `state` to the last epoch; raises Stopped after saving if signalled.
 
-    save_first: save before the first step, so a bad output path or config fails in
-    seconds (skipped when resuming from this run's own newest checkpoint);
-    after_first_save: called on the root once that save is complete (--overwrite removes
-    the earlier run's checkpoints there).
+    checkpointer: when and how often to save (checkpoint/checkpointer.py); by default one
+    that saves before the first step, every --save_every_n_steps, at each epoch end and
+    on a stop, to paths.checkpoint.
     SIGTERM and SIGINT are recorded while it runs (train/preemption.py); before, during
     set-up, they end the process as usual: there is nothing to save yet.
     """
+    checkpointer = checkpointer or Checkpointer(paths.checkpoint, task, engine, backend,
+                                                every_n_steps=config.save_every_n_steps)
     try:
         with stop_on_signals():
             return _train(task, engine, backend, data, config, paths, log,
-                          state or LoopState(), save_first, keep_n, after_first_save)
+                          state or LoopState(), checkpointer)
     finally:
         log.end_progress()  # an error line printed next starts on a line of its own
 
 
 def _train(task: Task, engine: Engine, backend: DistributedBackend,
            data: EpochLoader | WebDatasetLoader, config: TrainConfig, paths: RunPaths,
-           log: RunLog, state: LoopState, save_first: bool, keep_n: int | None,
-           after_first_save: Callable[[], None] | None) -> LoopState:
+           log: RunLog, state: LoopState, checkpointer: Checkpointer) -> LoopState:
     device = backend.device
     samples_per_step = data.batch_size * backend.world_size
-    if save_first:
-        save_checkpoint(task, engine, backend, paths, state, keep_n)
-        if after_first_save is not None and backend.is_root:
-            after_first_save()
+    checkpointer.before_first_step(state)
     log.start_progress(config.epochs * len(data), state.step, f"train {task.kind}")
     window = MetricWindow()
     first_step = state.step
@@ -220,20 +190,17 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
             if config.sample_every_n_steps and state.step % config.sample_every_n_steps == 0:
                 write_samples(task, engine, backend, batch,
                               paths.samples / f"step-{state.step:07d}.png")
+            checkpointer.after_step(state, epoch_done=state.batch >= len(data), stopping=stop)
             if stop:
-                save_checkpoint(task, engine, backend, paths, state, keep_n)
                 log.end_progress()
                 signal_name = stop_signal_name() or "another rank's signal"
                 raise Stopped(f"stopped by {signal_name} after step {state.step}: saved "
                               f"{paths.checkpoint}; continue with the same command and "
                               "--resume auto" if backend.is_root else "")
-            periodic = config.save_every_n_steps and state.step % config.save_every_n_steps == 0
-            if periodic and state.batch < len(data):  # the epoch-end save follows otherwise
-                save_checkpoint(task, engine, backend, paths, state, keep_n)
 
         task.after_epoch(epoch, state.loss_sum / max(state.batch, 1), engine)
         state.epoch, state.batch, state.loss_sum = epoch + 1, 0, 0.0
-        save_checkpoint(task, engine, backend, paths, state, keep_n)
+        checkpointer.after_epoch(state)
 
     log.end_progress()
     check_replicas(engine, backend, log)

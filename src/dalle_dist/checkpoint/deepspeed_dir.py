@@ -1,4 +1,5 @@
-"""DeepSpeed checkpoint directories (`<name>-ds-cp/`): layout, completeness and safe reading.
+"""DeepSpeed checkpoint directories (`<name>-ds-cp/`): layout, saving, completeness and
+safe reading.
 
 Layout (DALLE-pytorch's, DESIGN.md "Checkpoints"): DeepSpeed's own tag folders
 `global_stepN/`, the `latest` file naming the newest tag, and `auxiliary.pt` with our
@@ -9,6 +10,9 @@ written last, so a tag it names is complete.
 DeepSpeed reads its files with torch.load(weights_only=False). Before any of them is
 handed to it, every file of the tag is listed with torch's pickle scanner and refused if
 it names a global outside the few DeepSpeed data classes its checkpoints really hold.
+
+The engine writes and reads its own tag folder (Engine.save_native / load_native); which
+tag, the metadata, `latest` and how many tags stay are decided here.
 """
 
 from __future__ import annotations
@@ -21,10 +25,10 @@ from typing import Any
 
 import torch
 
-from dalle_dist.checkpoint_io import read_checkpoint_file, write_checkpoint_file
+from dalle_dist.backends import Engine
+from dalle_dist.checkpoint.format import read_checkpoint_file, write_checkpoint_file
 from dalle_dist.errors import CheckpointError
-from dalle_dist.fileio import atomic_writer
-from dalle_dist.quiet import quiet_output
+from dalle_dist.fileio import atomic_writer, quiet_output
 
 AUXILIARY_FILE = "auxiliary.pt"
 LATEST_FILE = "latest"
@@ -179,3 +183,48 @@ def publish_tag(directory: Path, tag: str, keep_n: int | None) -> None:
         for old in tags[keep_n:]:
             if old.name != tag:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def save_ds_checkpoint(engine: Engine, path: Path, meta: dict[str, Any],
+                       keep_n: int | None) -> None:
+    """DeepSpeed's own tag (all ranks), our metadata in it and beside it, a single
+    weights file (root), and only then `latest`: a save cut short anywhere leaves
+    `latest` naming the previous complete tag. keep_n: the newest N tags stay."""
+    import torch.distributed as dist
+
+    directory = ds_checkpoint_dir(path)
+    # The root names the tag for all: `latest` may be on rank 0's disk only, and ranks
+    # that chose different tags would write two half checkpoints.
+    box = [new_tag(directory, meta["step"]) if engine.is_root else None]
+    dist.broadcast_object_list(box, src=0)
+    tag = box[0]
+    if engine.is_root and (directory / tag).exists():
+        shutil.rmtree(directory / tag)  # left by a save that never finished
+    dist.barrier()
+    engine.save_native(directory, tag, client_state={"step": meta["step"]})
+    weights = engine.full_state_dict()
+    if engine.is_root:
+        aux = {**meta, **engine.training_state()}
+        with engine.working_alone():
+            write_tag_meta(directory, tag, aux)
+            write_checkpoint_file(path, {**aux, "weights": weights, "optimizer": None})
+    dist.barrier()  # every rank's partition files are written
+    if engine.is_root:
+        with engine.working_alone():
+            publish_tag(directory, tag, keep_n)
+
+
+def load_ds_checkpoint(engine: Engine, payload: dict[str, Any], world_size: int) -> None:
+    """Optimizer and weights from the tag a payload read with keep_ds_dir names, through
+    DeepSpeed, once every file of the tag has passed the pickle check."""
+    directory, tag = Path(payload["ds_dir"]), payload["ds_tag"]
+    check_ds_files_safe(directory / tag, "--resume")
+    if payload["world_size"] != world_size and payload.get("zero_stage"):
+        raise CheckpointError(
+            f"{directory} holds ZeRO-{payload['zero_stage']} partitions of "
+            f"{payload['world_size']} ranks, this run has {world_size}",
+            f"launch {payload['world_size']} ranks, or convert it first: dalle-dist "
+            f"checkpoint convert {directory} OUT.pt")
+    if not engine.load_native(directory, tag):
+        raise CheckpointError(f"DeepSpeed could not load {directory}/{tag}",
+                              "check the directory, or convert it to a single file")

@@ -10,6 +10,13 @@ optimizer state, which the single file of a DeepSpeed run lacks.
 A run that does not continue its output's own checkpoint never replaces one silently: it
 stops before writing anything unless --overwrite is given, and then the earlier run's
 files go only once the new run's first save is complete (`Leftovers`).
+
+Continuing is read here too: the checkpoint, by every rank (`read_start`), and the
+optimizer, scheduler, RNG and data position put back once the engine exists
+(`restore_training`).
+
+The train layer's configs and log reach this layer only through the protocols below
+(`OutputFiles`, `ResumeChoice`, `Log`): imports point down (DESIGN.md, "Layers").
 """
 
 from __future__ import annotations
@@ -17,27 +24,61 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from dalle_dist.checkpoint_io import HISTORY_PATTERN, history_dir, read_checkpoint_file
-from dalle_dist.ds_checkpoint import (
+from dalle_dist.backends import DistributedBackend, Engine
+from dalle_dist.checkpoint.deepspeed_dir import (
     LATEST_FILE,
     ds_checkpoint_dir,
     is_ds_checkpoint_dir,
+    load_ds_checkpoint,
     read_ds_meta,
 )
+from dalle_dist.checkpoint.format import KIND_NAMES, LoopState, read_checkpoint_file
+from dalle_dist.checkpoint.load import load_checkpoint
+from dalle_dist.checkpoint.rng import restore_rank_rng
+from dalle_dist.checkpoint.single_file import HISTORY_PATTERN, history_dir
 from dalle_dist.errors import CheckpointError, ConfigError
 from dalle_dist.fileio import ensure_writable_file
-from dalle_dist.train.checkpoint import KIND_NAMES
-from dalle_dist.train.config import ResumeConfig, RunPaths
-from dalle_dist.train.run_log import RunLog
+
+
+class Log(Protocol):
+    """Where a run's messages go (train.run_log.RunLog): printed on the root only."""
+
+    def info(self, message: str) -> None: ...
+
+
+class OutputFiles(Protocol):
+    """What a run writes under its output name (train.config.RunPaths)."""
+
+    @property
+    def checkpoint(self) -> Path: ...
+
+    @property
+    def metrics(self) -> Path: ...
+
+    @property
+    def samples(self) -> Path: ...
+
+
+class ResumeChoice(Protocol):
+    """The resume flags (train.config.ResumeConfig)."""
+
+    @property
+    def source(self) -> str | None: ...
+
+    @property
+    def flag(self) -> str: ...
+
+    @property
+    def overwrite(self) -> bool: ...
 
 
 def _position(meta: dict[str, Any]) -> tuple[int, int, int]:
     return meta["step"], meta["epoch"], meta.get("batch", 0)
 
 
-def newest_checkpoint(paths: RunPaths, log: RunLog) -> Path | None:
+def newest_checkpoint(paths: OutputFiles, log: Log) -> Path | None:
     """The newest complete checkpoint of this output name, None when there is none."""
     found: list[tuple[tuple[int, int, int], int, Path]] = []
     directory = ds_checkpoint_dir(paths.checkpoint)
@@ -63,13 +104,13 @@ def newest_checkpoint(paths: RunPaths, log: RunLog) -> Path | None:
     return max(found)[2] if found else None
 
 
-def is_own_checkpoint(source: Path, paths: RunPaths) -> bool:
+def is_own_checkpoint(source: Path, paths: OutputFiles) -> bool:
     """True when `source` is this run's newest output (no need to save it again first)."""
     own = {paths.checkpoint.resolve(), ds_checkpoint_dir(paths.checkpoint).resolve()}
     return source.resolve() in own
 
 
-def belongs_to_output(source: Path, paths: RunPaths) -> bool:
+def belongs_to_output(source: Path, paths: OutputFiles) -> bool:
     """True when `source` is one of the output's own saves (its newest, a kept earlier one,
     or its DeepSpeed directory): continuing it writes over nothing of another run."""
     source = source.resolve()
@@ -77,7 +118,7 @@ def belongs_to_output(source: Path, paths: RunPaths) -> bool:
         paths.checkpoint).resolve()
 
 
-def _stores(paths: RunPaths) -> list[Path]:
+def _stores(paths: OutputFiles) -> list[Path]:
     """Where an output name keeps checkpoints, those that exist."""
     history = history_dir(paths.checkpoint)
     found = [p for p in (paths.checkpoint, ds_checkpoint_dir(paths.checkpoint)) if p.exists()]
@@ -86,7 +127,7 @@ def _stores(paths: RunPaths) -> list[Path]:
     return found
 
 
-def describe_existing(paths: RunPaths, log: RunLog) -> str | None:
+def describe_existing(paths: OutputFiles, log: Log) -> str | None:
     """What the output name already holds, in words (None when it holds nothing)."""
     stores = _stores(paths)
     if not stores:
@@ -119,7 +160,7 @@ class Leftovers:
     ds_latest: tuple[int, int] | None = None  # `latest`: unchanged if the new run is not DeepSpeed
 
     @classmethod
-    def of(cls, paths: RunPaths) -> Leftovers:
+    def of(cls, paths: OutputFiles) -> Leftovers:
         kept = cls()
         history = history_dir(paths.checkpoint)
         candidates = [paths.metrics]
@@ -135,7 +176,7 @@ class Leftovers:
         kept.files = [(p, _identity(p)) for p in candidates if p.exists()]
         return kept
 
-    def discard(self, log: RunLog) -> None:
+    def discard(self, log: Log) -> None:
         """Remove what is still the earlier run's; the new run's first save is complete."""
         if self.ds_dir is not None and _identity(self.ds_dir / LATEST_FILE) == self.ds_latest:
             shutil.rmtree(self.ds_dir, ignore_errors=True)  # this run is not DeepSpeed
@@ -171,7 +212,7 @@ class Start:
     replaces: Leftovers | None = None  # --overwrite: the earlier run's files
 
 
-def decide_start(resume: ResumeConfig, paths: RunPaths, output_flag: str, log: RunLog
+def decide_start(resume: ResumeChoice, paths: OutputFiles, output_flag: str, log: Log
                  ) -> Start:
     """Where a run starts, checked before anything is written; runs on the root only."""
     ensure_writable_file(paths.checkpoint, output_flag)
@@ -197,7 +238,7 @@ def decide_start(resume: ResumeConfig, paths: RunPaths, output_flag: str, log: R
     return Start(source, flag, own=False, replaces=replaces)
 
 
-def remove_unfinished_saves(paths: RunPaths, log: RunLog) -> None:
+def remove_unfinished_saves(paths: OutputFiles, log: Log) -> None:
     """Temporary files of saves that a kill cut short (the rename never happened)."""
     for leftover in paths.checkpoint.parent.glob(f".{paths.checkpoint.name}.*.tmp"):
         log.info(f"removing an unfinished save: {leftover}")
@@ -221,3 +262,49 @@ def _norm(value: Any) -> Any:
 
 def _show(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+
+
+def read_start(start: Start, kind: str, backend: DistributedBackend, log: Log
+               ) -> dict[str, Any] | None:
+    """The checkpoint the run continues from, read by every rank (None: a fresh run).
+
+    The deepspeed backend gets a DeepSpeed directory unconsolidated: it loads its own
+    partitions (load_ds_checkpoint)."""
+    if start.source is None:
+        return None
+    source = start.source
+    payload = backend.everywhere("the checkpoint load", lambda: load_checkpoint(
+        source, start.flag, kind, keep_ds_dir=backend.has_native_checkpoint))
+    within = f", {payload['batch']} batches into the next" if payload.get("batch") else ""
+    log.info(f"resuming {source} at step {payload['step']} (epoch {payload['epoch']}"
+             f"{within})")
+    payload["loaded_from"] = source
+    return payload
+
+
+def restore_training(payload: dict[str, Any], engine: Engine, backend: DistributedBackend,
+                     batch_size: int, seed: int, log: Log) -> LoopState:
+    """Optimizer, scheduler, RNG and data position of `payload`, put back on this rank.
+
+    batch_size: this run's --batch_size (a different one moves the position inside the
+    epoch); seed: --seed, for ranks the checkpoint has no RNG states of.
+    Called last before the loop, so no setup step draws from the restored RNG.
+    """
+    why = engine.load_training_state(payload)
+    if "ds_dir" in payload:
+        load_ds_checkpoint(engine, payload, backend.world_size)
+    if why:
+        log.info(f"warning: the optimizer starts fresh ({why})")
+    state = LoopState.from_checkpoint(payload)
+    saved_batch = payload["configs"].get("train", {}).get("batch_size", batch_size)
+    if state.batch and saved_batch != batch_size:
+        state.batch = state.batch * saved_batch // batch_size
+        log.info(f"warning: --batch_size {batch_size} differs from the "
+                 f"checkpoint's {saved_batch}: the epoch goes on from batch {state.batch}")
+    exact = restore_rank_rng(payload["rng"], backend.rank, backend.world_size,
+                             seed + state.step)
+    if not exact:
+        log.info(f"warning: the checkpoint was saved by {payload['world_size']} rank(s), this "
+                 f"run has {backend.world_size}: random states reseeded (the run continues, "
+                 "but no longer repeats an uninterrupted one exactly)")
+    return state

@@ -1,4 +1,9 @@
-"""Reading and writing single-file checkpoints safely.
+"""The checkpoint format: what a payload holds, and reading and writing one file safely.
+
+Layout (DESIGN.md, "Checkpoints"): format version, kind ("vae" or "dalle"), configs as
+plain dicts, weights, optimizer and scheduler state, the loop position (`LoopState`),
+every rank's RNG states, backend, world size and package version. A DALL-E checkpoint
+also carries its VAE (config and weights), so it alone is enough to sample.
 
 Writing: one torch.save of plain types and tensors, atomically (temporary file, fsync,
 rename). Reading: torch.load(weights_only=True) only, so a file carrying pickled objects
@@ -7,56 +12,76 @@ is refused before any of its code can run.
 
 from __future__ import annotations
 
-import os
 import pickle
-import re
-import shutil
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from dalle_dist import __version__
 from dalle_dist.errors import CheckpointError
 from dalle_dist.fileio import atomic_writer
 
 FORMAT_VERSION = 1
 
+KIND_NAMES = {"vae": "a VAE", "dalle": "a DALL-E"}
 
-HISTORY_PATTERN = re.compile(r"step-(\d+)\.pt$")
+
+@dataclass
+class LoopState:
+    """Where training is: with the RNG states, all a resumed run needs to continue exactly.
+
+    Its fields are saved as they are (`dataclasses.asdict`) beside the weights."""
+
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimizer steps taken (micro-batches under DeepSpeed's --ga_steps)
+    batch: int = 0  # batches done in the current epoch
+    loss_sum: float = 0.0  # their summed loss, for the plateau scheduler at epoch end
+
+    @classmethod
+    def from_checkpoint(cls, payload: dict) -> LoopState:
+        return cls(epoch=payload["epoch"], step=payload["step"],
+                   batch=payload.get("batch", 0), loss_sum=payload.get("loss_sum", 0.0))
+
+
+def checkpoint_meta(kind: str, configs: dict[str, Any], position: dict[str, Any],
+                    rng: list[dict[str, Any]], backend: str, world_size: int,
+                    **extra: Any) -> dict[str, Any]:
+    """Everything but the engine's state (weights, optimizer, scheduler).
+
+    position: epoch, step and where inside the epoch (LoopState as a dict);
+    rng: every rank's RNG states, in rank order.
+    """
+    return {
+        "format_version": FORMAT_VERSION,
+        "kind": kind,
+        "package_version": __version__,
+        "configs": configs,
+        **position,
+        "rng": rng,
+        "backend": backend,
+        "world_size": world_size,
+        **extra,
+    }
+
+
+def check_kind(payload: dict[str, Any], path: str | Path, flag: str, kind: str) -> None:
+    """Insist a payload is of `kind`, naming the right flag when it is not."""
+    found = payload["kind"]
+    if found != kind:
+        fix = (f"train a DALL-E on this VAE with: dalle-dist train --vae_path {path}"
+               if kind == "dalle" else
+               "give a VAE from dalle-dist train-vae; a DALL-E checkpoint resumes with "
+               "--dalle_path")
+        raise CheckpointError(f"{flag} {path} is {KIND_NAMES.get(found, repr(found))} "
+                              f"checkpoint, but {flag} needs {KIND_NAMES[kind]} one", fix)
 
 
 def write_checkpoint_file(path: str | Path, payload: dict[str, Any]) -> None:
     with atomic_writer(path) as f:
         torch.save(payload, f)
-
-
-def history_dir(path: str | Path) -> Path:
-    """`dalle.pt` -> `dalle-checkpoints/`, where --keep_n_checkpoints keeps earlier saves."""
-    path = Path(path)
-    return path.with_name(f"{path.stem}-checkpoints")
-
-
-def keep_history(path: str | Path, step: int, keep_n: int) -> Path:
-    """Keep the file just written at `path` as history/step-N.pt; drop all but the newest N.
-
-    A hard link costs no copy (`path` is replaced by rename at the next save, so the link
-    keeps this version); where links are not supported the file is copied atomically.
-    """
-    path, folder = Path(path), history_dir(path)
-    folder.mkdir(exist_ok=True)
-    kept = folder / f"step-{step:07d}.pt"
-    kept.unlink(missing_ok=True)
-    try:
-        os.link(path, kept)
-    except OSError:
-        with atomic_writer(kept) as out, open(path, "rb") as src:
-            shutil.copyfileobj(src, out)
-    saved = sorted((p for p in folder.iterdir() if HISTORY_PATTERN.match(p.name)),
-                   key=lambda p: int(HISTORY_PATTERN.match(p.name).group(1)), reverse=True)
-    for old in saved[keep_n:]:
-        old.unlink(missing_ok=True)
-    return kept
 
 
 def read_checkpoint_file(path: str | Path, flag: str, mmap: bool = False) -> dict[str, Any]:

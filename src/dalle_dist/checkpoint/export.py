@@ -1,7 +1,7 @@
 """`dalle-dist checkpoint export`: inference weights as safetensors plus a JSON config.
 
 `load_exported` reads them back without pickle into a payload that
-`train.checkpoint.dalle_parts` accepts, so an export is enough to sample.
+`checkpoint.load.dalle_parts` accepts, so an export is enough to sample.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import Any
 import torch
 
 from dalle_dist import __version__
-from dalle_dist.checkpoint_tools import (
+from dalle_dist.checkpoint.load import read_any_checkpoint
+from dalle_dist.checkpoint.tools import (
     check_output,
     verify_payload,
     weight_parts,
 )
 from dalle_dist.errors import CheckpointError
 from dalle_dist.fileio import atomic_path
-from dalle_dist.train.checkpoint import read_any_checkpoint
 
 EXPORT_FORMAT = "dalle_dist.export"
 EXPORT_FORMAT_VERSION = 1

@@ -7,7 +7,7 @@
 - convert: a DeepSpeed directory of any ZeRO stage -> one single-file checkpoint (fp32).
 - verify: every weight's name and shape against the model its config describes, and
   every value finite.
-- export: see checkpoint_export.py.
+- export: see checkpoint/export.py.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dalle_dist.checkpoint_io import read_checkpoint_file, write_checkpoint_file
-from dalle_dist.ds_checkpoint import (
+from dalle_dist.checkpoint.deepspeed_dir import (
     AUXILIARY_FILE,
     consolidated_weights,
     is_ds_checkpoint_dir,
@@ -27,10 +26,11 @@ from dalle_dist.ds_checkpoint import (
     read_ds_meta,
     tag_order,
 )
+from dalle_dist.checkpoint.format import read_checkpoint_file, write_checkpoint_file
+from dalle_dist.checkpoint.load import read_any_checkpoint
 from dalle_dist.errors import CheckpointError, ConfigError, OutputError
 from dalle_dist.fileio import ensure_writable_file
 from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
-from dalle_dist.train.checkpoint import read_any_checkpoint
 
 #: How many names an error lists before "(+N more)": the message stays one line.
 LISTED = 4

@@ -1,0 +1,99 @@
+"""When a run saves, and how many saves it keeps: one object the loop asks once a step.
+
+Modelled on torchtitan's CheckpointManager, whose save(step) owns the interval and
+keep_latest_k. A run saves
+
+- before its first step, so a bad output path or config fails in seconds (skipped when
+  it resumes from its own newest checkpoint: that one is already there); once that save
+  is complete, `after_first_save` runs on the root (--overwrite removes the earlier
+  run's files there);
+- every `every_n_steps` optimizer steps (--save_every_n_steps), except at an epoch's last
+  step, where the epoch-end save follows anyway;
+- when a rank was asked to stop (preemption), right after that step;
+- at every epoch's end, the last of which is the end of the run.
+
+Where it writes is the engine's business only in what it holds: a DeepSpeed engine keeps
+its optimizer partitions in `<name>-ds-cp/` (checkpoint/deepspeed_dir.py), every other
+engine writes one file (checkpoint/single_file.py); `keep_n` (--keep_n_checkpoints)
+prunes either kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+
+from dalle_dist.backends import DistributedBackend, Engine
+from dalle_dist.checkpoint.deepspeed_dir import save_ds_checkpoint
+from dalle_dist.checkpoint.format import LoopState, checkpoint_meta
+from dalle_dist.checkpoint.rng import capture_rng
+from dalle_dist.checkpoint.single_file import save_single_file
+
+
+class Checkpointed(Protocol):
+    """What a checkpoint records of the model being trained (train.task.Task)."""
+
+    kind: str  # "vae" or "dalle"
+
+    def configs(self) -> dict[str, Any]: ...
+
+    def extra_state(self) -> dict[str, Any]: ...
+
+
+class Checkpointer:
+    """Owns a run's save cadence and its keep-N; every rank holds one and makes the same
+    calls (a save is collective)."""
+
+    def __init__(self, path: Path, subject: Checkpointed, engine: Engine,
+                 backend: DistributedBackend, *, every_n_steps: int = 0,
+                 keep_n: int | None = None, save_first: bool = True,
+                 after_first_save: Callable[[], None] | None = None) -> None:
+        """path: the single file `NAME.pt` (a DeepSpeed run also writes `NAME-ds-cp/`);
+        every_n_steps: 0 saves at epoch ends only; keep_n: None keeps the newest single
+        file and every DeepSpeed tag; save_first: False when resuming from this run's
+        own newest checkpoint."""
+        self.path = path
+        self.subject, self.engine, self.backend = subject, engine, backend
+        self.every_n_steps, self.keep_n = every_n_steps, keep_n
+        self.save_first, self.after_first_save = save_first, after_first_save
+
+    def save(self, state: LoopState) -> None:
+        """Save now. Collective: every rank's RNG states go into the root's file."""
+        backend, engine = self.backend, self.engine
+        with backend.waiting(f"the checkpoint save at step {state.step}"):
+            rng = backend.all_gather_object(capture_rng(), "the RNG-state gather")
+            meta = checkpoint_meta(self.subject.kind, self.subject.configs(), asdict(state),
+                                   rng, backend.name, backend.world_size,
+                                   precision=backend.precision_name,
+                                   **self.subject.extra_state())
+            if engine.has_native_checkpoint:
+                save_ds_checkpoint(engine, self.path, meta, self.keep_n)
+            else:
+                save_single_file(engine, self.path, meta, self.keep_n)
+            backend.barrier("the barrier after the root's write")
+
+    def before_first_step(self, state: LoopState) -> None:
+        """The save before training starts, then the `after_first_save` hook (root only)."""
+        if not self.save_first:
+            return
+        self.save(state)
+        if self.after_first_save is not None and self.backend.is_root:
+            self.after_first_save()
+
+    def after_step(self, state: LoopState, *, epoch_done: bool, stopping: bool) -> bool:
+        """Called once after every optimizer step; True when it saved.
+
+        epoch_done: this was the epoch's last step (its save is after_epoch's);
+        stopping: a rank was asked to stop, and the loop ends after this step.
+        """
+        due = bool(self.every_n_steps) and state.step % self.every_n_steps == 0
+        if stopping or (due and not epoch_done):
+            self.save(state)
+            return True
+        return False
+
+    def after_epoch(self, state: LoopState) -> None:
+        """The epoch-end save (after the epoch's scheduler step); the last is the run's end."""
+        self.save(state)

@@ -1,0 +1,65 @@
+"""Reading a checkpoint of either kind (single file or DeepSpeed directory), and the
+models it alone rebuilds.
+
+A DALL-E checkpoint carries its VAE and tokenizer, so `dalle_parts` is all generate and a
+resumed run need; an export (checkpoint/export.py) reads back into the same payload form.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dalle_dist.checkpoint.deepspeed_dir import (
+    consolidated_weights,
+    is_ds_checkpoint_dir,
+    read_ds_meta,
+)
+from dalle_dist.checkpoint.format import check_kind, read_checkpoint_file
+from dalle_dist.data.tokenizer import Tokenizer, tokenizer_from_dict
+from dalle_dist.model import DALLEConfig, DiscreteVAE, VAEConfig
+
+
+def read_any_checkpoint(path: str | Path, flag: str, keep_ds_dir: bool = False
+                        ) -> dict[str, Any]:
+    """A single file's payload, or a DeepSpeed directory's metadata with its weights
+    consolidated to fp32 (no optimizer state: that stays in DeepSpeed's partitions).
+
+    keep_ds_dir: leave a DeepSpeed directory unconsolidated (`ds_dir`, `ds_tag`, no
+    weights), for the deepspeed backend to load itself.
+    """
+    if not is_ds_checkpoint_dir(path):
+        return read_checkpoint_file(path, flag)
+    meta = read_ds_meta(path, flag)
+    if keep_ds_dir:
+        return {**meta, "weights": None, "optimizer": None}
+    weights = consolidated_weights(meta["ds_dir"], meta["ds_tag"], flag)
+    rest = {k: v for k, v in meta.items() if k not in ("ds_dir", "ds_tag")}
+    return {**rest, "weights": weights, "optimizer": None}
+
+
+def load_checkpoint(path: str | Path, flag: str, kind: str, keep_ds_dir: bool = False
+                    ) -> dict[str, Any]:
+    """Read a checkpoint and insist it is of `kind`, naming the right flag when it is not."""
+    payload = read_any_checkpoint(path, flag, keep_ds_dir)
+    check_kind(payload, path, flag, kind)
+    return payload
+
+
+def vae_from_checkpoint(payload: dict[str, Any]) -> DiscreteVAE:
+    """The VAE of a VAE checkpoint, or the one a DALL-E checkpoint carries, with weights."""
+    configs = payload["configs"]
+    if payload["kind"] == "vae":
+        config, weights = configs["model"], payload["weights"]
+    else:
+        config, weights = configs["vae"], payload["vae_weights"]
+    vae = DiscreteVAE(VAEConfig.from_dict(config))
+    vae.load_state_dict(weights)
+    return vae
+
+
+def dalle_parts(payload: dict[str, Any]) -> tuple[DALLEConfig, DiscreteVAE, Tokenizer]:
+    """What a DALL-E checkpoint alone rebuilds: model config, its VAE and its tokenizer."""
+    configs = payload["configs"]
+    return (DALLEConfig.from_dict(configs["model"]), vae_from_checkpoint(payload),
+            tokenizer_from_dict(configs["tokenizer"]))
