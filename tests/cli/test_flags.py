@@ -21,14 +21,14 @@ from dalle_dist.backends.config import DistributedConfig
 from dalle_dist.cli import build_parser
 from dalle_dist.cli.parser import subcommand_parser
 from dalle_dist.config_base import flag_fields, flag_of
-from dalle_dist.data.config import DataConfig
+from dalle_dist.data.config import DataConfig, TokenizerConfig
 from dalle_dist.generate import GenerateConfig
 from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
 from dalle_dist.train.config import VAE_TRAIN_DEFAULTS, ResumeConfig, TrainConfig, VAESchedule
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "dalle_dist"
-CONFIGS = (DALLEConfig, VAEConfig, ComputeConfig, DataConfig, TrainConfig, VAESchedule,
-           ResumeConfig, GenerateConfig, DistributedConfig)
+CONFIGS = (DALLEConfig, VAEConfig, ComputeConfig, DataConfig, TokenizerConfig, TrainConfig,
+           VAESchedule, ResumeConfig, GenerateConfig, DistributedConfig)
 
 
 def _cli(*argv: str) -> str:
@@ -81,10 +81,10 @@ def test_plan_reports_the_defaults_train_help_shows() -> None:
 
 
 #: the configs whose fields each command's flags fill
-USES = {"train": (DALLEConfig, ComputeConfig, DataConfig, TrainConfig, ResumeConfig, VAEConfig,
-                  DistributedConfig),
+USES = {"train": (DALLEConfig, ComputeConfig, DataConfig, TokenizerConfig, TrainConfig,
+                  ResumeConfig, VAEConfig, DistributedConfig),
         "train-vae": (VAEConfig, VAESchedule, DataConfig, ResumeConfig, DistributedConfig),
-        "plan": (DALLEConfig, ComputeConfig, DataConfig, VAEConfig, TrainConfig),
+        "plan": (DALLEConfig, ComputeConfig, TokenizerConfig, VAEConfig, TrainConfig),
         "generate": (GenerateConfig, DistributedConfig)}
 
 

@@ -21,26 +21,27 @@ TRAIN_FLAGS = ["--epochs", "1", "--shapes_count", "64", "--batch_size", "16", "-
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """A fresh cache, filled by the first `train` run; returns (cache dir, its stdout)."""
+def cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, Path]:
+    """A fresh cache, filled by the first `train` run; returns (cache dir, its stdout, the
+    DALL-E checkpoint it wrote)."""
     cache_dir = tmp_path_factory.mktemp("cache")
     out = tmp_path_factory.mktemp("first") / "dalle"
     result = run_cli("train", *TRAIN_FLAGS, "--dalle_output_file_name", str(out),
                      env={"DALLE_DIST_CACHE": str(cache_dir)}, timeout=900)
     assert result.returncode == 0, result.stderr
-    return cache_dir, result.stdout
+    return cache_dir, result.stdout, out.with_suffix(".pt")
 
 
-def test_first_run_trains_and_caches_a_vae(cache: tuple[Path, str]) -> None:
-    cache_dir, stdout = cache
+def test_first_run_trains_and_caches_a_vae(cache: tuple[Path, str, Path]) -> None:
+    cache_dir, stdout, _ = cache
     assert "no --vae_path given: training a VAE on built-in shapes first" in stdout
     cached = list((cache_dir / "vae").glob("shapes-32px-*.pt"))
     assert len(cached) == 1 and ".partial" not in cached[0].name
     assert not list((cache_dir / "vae").glob("*.partial.pt")), "the partial file was renamed"
 
 
-def test_second_run_reuses_the_cache(cache: tuple[Path, str], tmp_path: Path) -> None:
-    cache_dir, _ = cache
+def test_second_run_reuses_the_cache(cache: tuple[Path, str, Path], tmp_path: Path) -> None:
+    cache_dir, _, first = cache
     before = {p: p.stat().st_mtime_ns for p in (cache_dir / "vae").glob("*.pt")}
     result = run_cli("train", *TRAIN_FLAGS, "--dalle_output_file_name", str(tmp_path / "d"),
                      env={"DALLE_DIST_CACHE": str(cache_dir)})
@@ -49,10 +50,17 @@ def test_second_run_reuses_the_cache(cache: tuple[Path, str], tmp_path: Path) ->
     assert "training a VAE" not in result.stdout
     after = {p: p.stat().st_mtime_ns for p in (cache_dir / "vae").glob("*.pt")}
     assert before == after
+    # Same flags, same seed: the same DALL-E whether its VAE was trained in this process
+    # first or read from the cache (training it must not move the run's RNG streams).
+    trained_first = torch.load(first, weights_only=True)["weights"]
+    from_cache = torch.load(tmp_path / "d.pt", weights_only=True)["weights"]
+    assert trained_first.keys() == from_cache.keys()
+    for name, tensor in trained_first.items():
+        assert torch.equal(tensor, from_cache[name]), name
 
 
-def test_reconstructions_keep_the_scorer_verdict(cache: tuple[Path, str]) -> None:
-    cache_dir, _ = cache
+def test_reconstructions_keep_the_scorer_verdict(cache: tuple[Path, str, Path]) -> None:
+    cache_dir, _, _ = cache
     payload = torch.load(next((cache_dir / "vae").glob("*.pt")), weights_only=True)
     vae = DiscreteVAE(VAEConfig.from_dict(payload["configs"]["model"]))
     vae.load_state_dict(payload["weights"])
@@ -64,3 +72,14 @@ def test_reconstructions_keep_the_scorer_verdict(cache: tuple[Path, str]) -> Non
     kept = sum(predict(a) == predict(b) for a, b in zip(images, recons, strict=True)) / 500
     print(f"VAE reconstructions keep the scorer's verdict on {kept:.3f} of 500 images")
     assert kept >= 0.9
+
+
+def test_cache_key_of_the_default_vae_is_stable() -> None:
+    """Every user's cached VAE is found by this key: a field added to DataConfig, VAEConfig,
+    VAESchedule or TrainConfig changes it and silently retrains (about 2 minutes) on every
+    machine. Change the expected name only on purpose (issue 12 nearly did it by accident)."""
+    from dalle_dist.data import DataConfig
+    from dalle_dist.train.builtin_vae import builtin_vae
+
+    assert builtin_vae(DataConfig(), Path("c")).path == Path(
+        "c/vae/shapes-32px-1cd54a0aef14.pt")

@@ -22,7 +22,7 @@ import argparse
 import json
 
 from dalle_dist.config_base import add_flags, from_args
-from dalle_dist.data.config import DataConfig
+from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.errors import ConfigError
 from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
 from dalle_dist.train.config import TrainConfig
@@ -44,7 +44,7 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     model.add_argument("--num_text_tokens", type=int, default=_BYTE_VOCAB,
                        help="tokenizer vocabulary, padding id included (default %(default)s: "
                             "the byte tokenizer)")
-    add_flags(model, DataConfig, only=["bpe_path"],
+    add_flags(model, TokenizerConfig,
               help={"bpe_path": "HuggingFace tokenizers JSON: its vocabulary replaces "
                                 "--num_text_tokens"})
     add_flags(model, ComputeConfig)

@@ -18,6 +18,7 @@ from dalle_dist.backends import (
 from dalle_dist.cli.exits import report_and_exit
 from dalle_dist.config_base import add_flags, flag_values, from_args
 from dalle_dist.data import DataConfig
+from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.errors import ConfigError, PeerLost
 from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN
@@ -124,7 +125,8 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     _add_data_args(p, ["--image_text_folder"], "folder of name.png + name.txt pairs")
     p.add_argument("--vae_path", help="trained VAE checkpoint (from dalle-dist train-vae)")
     p.add_argument("--dalle_path", help="DALL-E checkpoint to resume from")
-    add_flags(p, DataConfig, only=["bpe_path", "truncate_captions"])
+    add_flags(p, TokenizerConfig)
+    add_flags(p, DataConfig, only=["truncate_captions"])
     p.add_argument("--dalle_output_file_name", default="dalle",
                    help="checkpoint to write; .pt is added when missing (default %(default)s)")
     p.add_argument("--fidelity_images", type=int, default=64,
@@ -157,6 +159,6 @@ def run_train(args: argparse.Namespace) -> int:
     data_cfg = from_args(DataConfig, args, image_size=args.image_size)
     return run_on_backend(args, lambda backend: train_dalle(
         model_args, train_cfg, data_cfg, args.dalle_output_file_name, backend,
-        vae_path=args.vae_path, resume=resume, bpe_path=data_cfg.bpe_path,
+        vae_path=args.vae_path, resume=resume, bpe_path=from_args(TokenizerConfig, args).bpe_path,
         attn_impl=args.attn_impl, text_seq_len=text_seq_len, lr_decay=args.lr_decay,
         fidelity_images=args.fidelity_images, builtin_vae_epochs=args.builtin_vae_epochs))

@@ -27,10 +27,17 @@ class DataConfig(DictConfig):
     shapes_seed: int = option(0, "seed of the built-in shapes")
     num_workers: int = option(0, "data loader processes",
                               default_text="default 0: load in the main one")
-    bpe_path: str | None = option(None, "HuggingFace tokenizers JSON",
-                                  default_text="default: byte-level")
 
     @property
     def builtin(self) -> bool:
         return self.image_text_folder is None
 
+
+
+@dataclass(frozen=True)
+class TokenizerConfig(DictConfig):
+    """Which tokenizer turns captions into ids. Apart from DataConfig, whose dict keys the
+    built-in VAE's cache key and every checkpoint's data record are made of."""
+
+    bpe_path: str | None = option(None, "HuggingFace tokenizers JSON",
+                                  default_text="default: byte-level")

@@ -27,6 +27,7 @@ from dalle_dist.checkpoint.resume import (
     read_start,
     restore_training,
 )
+from dalle_dist.checkpoint.rng import capture_rng, restore_rng
 from dalle_dist.data import (
     CaptionCollate,
     DataConfig,
@@ -223,10 +224,14 @@ def builtin_vae_payload(data_cfg: DataConfig, backend: DistributedBackend, log: 
             log.info(f"no --vae_path given: training a VAE on built-in shapes first "
                      f"(cached as {spec.path} for later runs)")
             partial = RunPaths(spec.partial_path)
-            train_vae(spec.vae, spec.schedule, spec.train, spec.data,
-                      str(partial.checkpoint), SingleBackend.on(backend.device),
-                      log=RunLog(partial.metrics), paths=partial,
-                      resume=ResumeConfig(source="auto"))
+            streams = capture_rng()  # the VAE's training seeds and draws its own
+            try:
+                train_vae(spec.vae, spec.schedule, spec.train, spec.data,
+                          str(partial.checkpoint), SingleBackend.on(backend.device),
+                          log=RunLog(partial.metrics), paths=partial,
+                          resume=ResumeConfig(source="auto"))
+            finally:
+                restore_rng(streams)  # so the DALL-E is the same as with a cached VAE
             os.replace(partial.checkpoint, spec.path)
             log.info(f"built-in VAE cached as {spec.path}")
         return load_checkpoint(str(spec.path), "the cached VAE", "vae")
