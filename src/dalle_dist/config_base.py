@@ -38,7 +38,6 @@ class Flag:
     default_text: str | None = None
     #: extra switches that set one value: {"--fp16": "fp16"} beside --precision
     shortcuts: tuple[tuple[str, Any], ...] = ()
-    hidden: bool = False  # parsed, absent from --help (launcher-passed flags)
     group: str | None = None  # argument group title; None: the caller's group
 
     def option_strings(self, field_name: str) -> list[str]:
@@ -87,9 +86,8 @@ def _shown(value: Any) -> str:
 
 def add_flags(parser: argparse._ActionsContainer, config: type | Any, *,
               only: Iterable[str] | None = None, exclude: Iterable[str] = (),
-              help: Mapping[str, str] | None = None, flag_names: Mapping[str, list[str]]
-              | None = None, groups: dict[str, argparse._ArgumentGroup] | None = None,
-              ) -> None:
+              help: Mapping[str, str] | None = None,
+              flag_names: Mapping[str, list[str]] | None = None) -> None:
     """Declare the flags of a config class (defaults from the class) or instance (its values).
 
     `only` / `exclude` choose fields by name; `help` and `flag_names` let a command say what
@@ -98,12 +96,10 @@ def add_flags(parser: argparse._ActionsContainer, config: type | Any, *,
     """
     cls = config if isinstance(config, type) else type(config)
     hints = typing.get_type_hints(cls)
-    chosen = None if only is None else list(only)
-    skipped = set(exclude)
     by_name = {f.name: f for f in flag_fields(cls)}
-    names = chosen if chosen is not None else list(by_name)
-    groups = {} if groups is None else groups
-    for name in names:
+    skipped = set(exclude)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for name in (by_name if only is None else only):
         if name in skipped:
             continue
         field = by_name[name]
@@ -122,11 +118,8 @@ def add_flags(parser: argparse._ActionsContainer, config: type | Any, *,
         kind = _scalar_type(hints[name])
         options = (flag_names or {}).get(name) or spec.option_strings(name)
         kwargs: dict[str, Any] = {"dest": name, "default": default}
-        if spec.hidden:
-            kwargs["help"] = argparse.SUPPRESS
         if kind is bool and spec.parse is None:
-            kwargs["action"] = "store_true"
-            kwargs.setdefault("help", text)
+            kwargs.update(action="store_true", help=text)
         else:
             kwargs["type"] = spec.parse or kind
             if spec.choices is not None:
@@ -134,10 +127,8 @@ def add_flags(parser: argparse._ActionsContainer, config: type | Any, *,
             if spec.metavar or spec.choices is None:
                 # argparse would show the dest: --emb_dim CODEBOOK_DIM
                 kwargs["metavar"] = spec.metavar or options[0].lstrip("-").upper()
-            if "help" not in kwargs:
-                shown = spec.default_text or f"default {_shown(default)}"
-                shown = shown.replace("%", "%%")
-                kwargs["help"] = f"{text} ({shown})" if text else shown
+            shown = (spec.default_text or f"default {_shown(default)}").replace("%", "%%")
+            kwargs["help"] = f"{text} ({shown})" if text else shown
         target.add_argument(*options, **kwargs)
         for switch, value in spec.shortcuts:
             target.add_argument(switch, action="store_const", const=value, dest=name,

@@ -1,7 +1,7 @@
 """What a backend reads: the distributed settings as one typed config, not an argparse Namespace.
 
-The fields are the flags (config_base.option); `train`, `train-vae` and `check` parse them,
-code builds them directly (SingleBackend.on, tests, bench scripts).
+The fields are the flags (config_base.option) that `train` and `train-vae` parse (and
+`generate`'s --device); code builds one directly (SingleBackend.on, bench scripts).
 """
 
 from __future__ import annotations

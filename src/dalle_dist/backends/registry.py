@@ -43,8 +43,7 @@ def precision_verdict(backend: str, precision: str, cuda: bool | None = None) ->
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags that choose and configure a backend (DistributedConfig's), DALLE-pytorch's
     names kept."""
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    add_flags(parser, DistributedConfig, exclude=["device"], groups=groups,
+    add_flags(parser, DistributedConfig, exclude=["device"],
               help={"backend": f"one of {', '.join(BACKENDS)}"})
     # Launchers pass --local_rank=N; the deepspeed launcher puts it before the subcommand,
     # where the top-level parser takes it. SUPPRESS keeps this copy from overwriting it.
