@@ -12,7 +12,7 @@ import argparse
 
 import torch
 
-# Imported to register the backends (and DeepSpeed's for its --deepspeed flag).
+# Imported to register the backends (DeepSpeed by name: --deepspeed resolves to it).
 from dalle_dist.backends import fsdp, horovod, single, torch_ddp  # noqa: F401
 from dalle_dist.backends.base import REGISTERED, DistributedBackend
 from dalle_dist.backends.config import DistributedConfig
