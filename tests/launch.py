@@ -35,18 +35,19 @@ def _env(env: dict[str, str] | None) -> dict[str, str]:
 
 
 def command(launcher: str, *args: str, nproc: int = 2,
-            launcher_args: Sequence[str] = ()) -> list[str]:
+            launcher_args: Sequence[str] = (), module: str = "dalle_dist") -> list[str]:
     """The launch line of `launcher` (torchrun, deepspeed or horovodrun) for
-    `python -m dalle_dist ARGS` on `nproc` local ranks."""
+    `python -m MODULE ARGS` on `nproc` local ranks (MODULE: dalle_dist, or a test's
+    wrapper of it)."""
     if launcher == "torchrun":
         return [str(BIN / "torchrun"), "--nproc_per_node", str(nproc),
-                "--master_port", str(free_port()), *launcher_args, "-m", "dalle_dist", *args]
+                "--master_port", str(free_port()), *launcher_args, "-m", module, *args]
     if launcher == "deepspeed":
         return [str(BIN / "deepspeed"), "--num_gpus", str(nproc), "--master_port",
-                str(free_port()), *launcher_args, "--module", "dalle_dist", *args]
+                str(free_port()), *launcher_args, "--module", module, *args]
     if launcher == "horovodrun":
         return [str(BIN / "horovodrun"), "-np", str(nproc), "--gloo", *launcher_args,
-                sys.executable, "-m", "dalle_dist", *args]
+                sys.executable, "-m", module, *args]
     raise ValueError(launcher)
 
 

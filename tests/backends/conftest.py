@@ -16,18 +16,20 @@ from tests.conftest import run_cli
 
 @pytest.fixture(scope="session")
 def trained(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory
-            ) -> Callable[[str, str], Run]:
-    """(backend name or "single", precision) -> its finished `train` run, trained on first
-    use: 2 ranks (1 for single), global batch 16, 5 steps, metrics every step, a sample
-    grid every 2 steps (sharded engines gather their weights mid-run for it)."""
-    done: dict[tuple[str, str], Run] = {}
+            ) -> Callable[..., Run]:
+    """(backend name or "single", precision, *extra flags) -> its finished `train` run,
+    trained on first use: 2 ranks (1 for single), global batch 16, 5 steps, metrics every
+    step, a sample grid every 2 steps (sharded engines gather their weights mid-run for it)."""
+    done: dict[tuple[str, ...], Run] = {}
 
-    def get(name: str, precision: str) -> Run:
-        if (name, precision) in done:
-            return done[name, precision]
-        folder = tmp_path_factory.mktemp(f"{name}-{precision}")
+    def get(name: str, precision: str, *extra: str) -> Run:
+        key = (name, precision, *extra)
+        if key in done:
+            return done[key]
+        folder = tmp_path_factory.mktemp(f"{name}-{precision}{''.join(extra)}")
         args = ["train", "--vae_path", str(tiny_vae), *COMMON, "--precision", precision,
-                "--sample_every_n_steps", "2", "--dalle_output_file_name", str(folder / "dalle")]
+                "--sample_every_n_steps", "2", "--dalle_output_file_name", str(folder / "dalle"),
+                *extra]
         if name == "single":
             result = run_cli(*args, "--batch_size", str(BATCH), cwd=folder)
         else:
@@ -35,7 +37,7 @@ def trained(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory
             result = launcher(*args, *flags, *batch_flag(name, BATCH), cwd=folder)
         text = launch.output(result)
         assert result.returncode == 0, text[-4000:]
-        done[name, precision] = Run(text, metric_records(folder / "dalle.metrics.jsonl"),
-                                    torch.load(folder / "dalle.pt", weights_only=True), folder)
-        return done[name, precision]
+        done[key] = Run(text, metric_records(folder / "dalle.metrics.jsonl"),
+                        torch.load(folder / "dalle.pt", weights_only=True), folder)
+        return done[key]
     return get

@@ -45,6 +45,13 @@ def parameter_digest(state: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()[:16]
 
 
+def _replicated(norm: torch.Tensor) -> torch.Tensor:
+    """A norm computed over sharded (DTensor) gradients as a plain tensor: the shards'
+    partial sums are reduced on the device, with no host synchronisation."""
+    full_tensor = getattr(norm, "full_tensor", None)
+    return full_tensor() if callable(full_tensor) else norm
+
+
 def optimizer_state_by_index(named: dict[str, Any], module: nn.Module,
                              optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """An optimizer state keyed by parameter name (torch.distributed.checkpoint's form)
@@ -77,13 +84,31 @@ class Engine:
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any | None, precision: Precision, is_root: bool = True,
-                 watch: CollectiveWatch | None = None) -> None:
+                 watch: CollectiveWatch | None = None, ga_steps: int = 1) -> None:
         self.module = module  # the bare model: its state_dict has no wrapper prefixes
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.precision = precision
         self.is_root = is_root
         self.watch = watch
+        #: micro-batches per optimizer step (--ga_steps): each one's loss counts 1/ga_steps
+        self.ga_steps = ga_steps
+        self._last_micro = True  # is the micro-batch in flight the window's last?
+
+    def micro_batch(self, last: bool) -> AbstractContextManager[None]:
+        """Around the forward and backward of one micro-batch of an accumulation window.
+
+        Only the window's `last` micro-batch synchronises gradients between ranks; the
+        others accumulate locally (DDP's no_sync, FSDP2's requires_gradient_sync, Horovod's
+        backward_passes_per_step, DeepSpeed's own boundary), so --ga_steps costs one
+        gradient exchange per optimizer step on every backend."""
+        self._last_micro = last
+        return self._gradient_sync(last) if self.ga_steps > 1 else contextlib.nullcontext()
+
+    def _gradient_sync(self, sync: bool) -> AbstractContextManager[None]:
+        """Whether this micro-batch's backward exchanges gradients (one process: nothing to
+        exchange)."""
+        return contextlib.nullcontext()
 
     def working_alone(self) -> AbstractContextManager[None]:
         """Around work the root does while the others wait for it (writing a file): the
@@ -100,24 +125,28 @@ class Engine:
             return self._wrapped_forward(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
-        self.precision.backward(loss, self.optimizer)
+        """Gradients of one micro-batch's mean loss, added to those of the window's others:
+        divided by ga_steps, the window's gradient is that of its whole batch's mean."""
+        self.precision.backward(loss / self.ga_steps if self.ga_steps > 1 else loss,
+                                self.optimizer)
 
     def _parameters_to_clip(self) -> Iterable[torch.Tensor]:
         return self.module.parameters()
 
-    def clip_grad_norm(self, max_norm: float | None) -> float | None:
-        """Clip to max_norm and return the norm before clipping (None: no clipping)."""
+    def clip_grad_norm(self, max_norm: float | None) -> torch.Tensor | None:
+        """Clip to max_norm and return the norm before clipping, as a tensor on the device
+        (None: no clipping). Never waits for the device: the norm is read at log steps."""
         if not max_norm:
             return None
         if self.precision.scaler is not None:
             self.precision.scaler.unscale_(self.optimizer)
-        return float(torch.nn.utils.clip_grad_norm_(self._parameters_to_clip(), max_norm))
+        return _replicated(torch.nn.utils.clip_grad_norm_(self._parameters_to_clip(), max_norm))
 
-    def clip_and_step(self, max_norm: float | None) -> float | None:
+    def clip_and_step(self, max_norm: float | None) -> torch.Tensor | None:
         """Clip (when max_norm) and take the optimizer step. Returns the global gradient
-        norm before clipping, None where it is not computed: logged per step, it is what
-        shows a gradient summed instead of averaged over ranks (clipping and Adam hide it
-        from the weights)."""
+        norm before clipping, on the device, None where it is not computed: logged, it is
+        what shows a gradient summed instead of averaged over ranks (clipping and Adam hide
+        it from the weights)."""
         norm = self.clip_grad_norm(max_norm)
         self.step()
         return norm
@@ -413,22 +442,39 @@ class DistributedBackend(ABC):
 
     # -- batches -----------------------------------------------------------------------
 
+    @property
+    def ga_steps(self) -> int:
+        """Micro-batches per optimizer step (--ga_steps), on every backend."""
+        return self.settings.ga_steps
+
     def check_batch_size(self, batch_size: int) -> None:
-        """Raise the same ConfigError on every rank when --batch_size cannot be split."""
+        """Raise the same ConfigError on every rank when --batch_size cannot be split into
+        ranks x --ga_steps micro-batches."""
         if batch_size <= 0:
             raise ConfigError(f"--batch_size must be positive, got {batch_size}")
-        if not self.batch_size_is_global or self.world_size == 1:
+        ga = self.ga_steps
+        if ga <= 0:
+            raise ConfigError(f"--ga_steps must be positive, got {ga}")
+        ranks = self.world_size if self.batch_size_is_global else 1
+        parts = ranks * ga
+        if batch_size >= parts and batch_size % parts == 0:
             return
-        if batch_size < self.world_size or batch_size % self.world_size:
-            lower = max(self.world_size, batch_size // self.world_size * self.world_size)
-            raise ConfigError(
-                f"--batch_size {batch_size} is the global batch of backend {self.name} and "
-                f"must be a multiple of the {self.world_size} ranks",
-                f"use --batch_size {lower} or {lower + self.world_size}")
+        lower = max(parts, batch_size // parts * parts)
+        fix = f"use --batch_size {lower} or {lower + parts}"
+        if ga == 1:
+            raise ConfigError(f"--batch_size {batch_size} is the global batch of backend "
+                              f"{self.name} and must be a multiple of the {ranks} ranks", fix)
+        whose = (f"the global batch of backend {self.name}" if self.batch_size_is_global
+                 else f"the per-worker batch of backend {self.name}")
+        split = f"--ga_steps {ga} x {ranks} ranks ({parts})" if ranks > 1 else f"--ga_steps {ga}"
+        raise ConfigError(f"--batch_size {batch_size} is {whose} and must be a multiple of "
+                          f"{split}", fix)
 
     def rank_batch_size(self, batch_size: int) -> int:
-        """Samples each rank draws per step."""
-        return batch_size // self.world_size if self.batch_size_is_global else batch_size
+        """Samples each rank draws per micro-batch: the batch split over the ranks (where
+        it is global) and over the --ga_steps micro-batches of an optimizer step."""
+        per_rank = batch_size // self.world_size if self.batch_size_is_global else batch_size
+        return per_rank // self.ga_steps
 
     def check_config(self, batch_size: int) -> None:
         """Everything about the flags that can fail, checked before any model is built."""

@@ -44,7 +44,10 @@ class DistributedConfig(DictConfig):
     zero_stage: int = option(0, "ZeRO stage", choices=(0, 1, 2, 3), group=_DEEPSPEED)
     zero_offload: str = option("none", "offload optimizer state to the CPU (ZeRO 1-3)",
                                choices=("none", "cpu"), group=_DEEPSPEED)
-    ga_steps: int = option(1, "gradient accumulation steps", group=_DEEPSPEED)
+    ga_steps: int = option(
+        1, "gradient accumulation: micro-batches per optimizer step, on every backend; each "
+        "rank's micro-batch is --batch_size / (ranks x GA_STEPS) (Horovod: --batch_size / "
+        "GA_STEPS); steps and every interval count optimizer steps", group=_BACKEND)
     #: train's --clip_grad_norm (TrainConfig's flag): DeepSpeed clips inside its engine
     clip_grad_norm: float | None = None
 

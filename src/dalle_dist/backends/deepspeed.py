@@ -8,10 +8,12 @@ batch arithmetic is checked before DeepSpeed sees it. No `amp` block is ever wri
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -78,7 +80,8 @@ class DeepSpeedEngine(Engine):
     def __init__(self, ds_engine: Any, scheduler: Any, stage: int, device: torch.device,
                  is_root: bool, watch: CollectiveWatch | None = None) -> None:
         super().__init__(ds_engine.module, ds_engine.optimizer, scheduler,
-                         Precision("fp32", device), is_root=is_root, watch=watch)
+                         Precision("fp32", device), is_root=is_root, watch=watch,
+                         ga_steps=int(ds_engine.gradient_accumulation_steps()))
         self.ds_engine, self.stage = ds_engine, stage
         self.shards_parameters = stage == 3
 
@@ -88,13 +91,24 @@ class DeepSpeedEngine(Engine):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._wrapped_forward(*args, **kwargs)  # DeepSpeed casts to its precision itself
 
-    def backward(self, loss: torch.Tensor) -> None:
-        self.ds_engine.backward(loss)
+    def micro_batch(self, last: bool) -> AbstractContextManager[None]:
+        """DeepSpeed finds the accumulation boundary itself (it counts its step() calls
+        against gradient_accumulation_steps): nothing to switch."""
+        self._last_micro = last
+        return contextlib.nullcontext()
 
-    def clip_grad_norm(self, max_norm: float | None) -> float | None:
+    def backward(self, loss: torch.Tensor) -> None:
+        """DeepSpeed divides the loss by gradient_accumulation_steps itself. Its step()
+        must follow every backward, a window's earlier micro-batches included: there it
+        only counts the micro-batch (the boundary's comes in clip_and_step)."""
+        self.ds_engine.backward(loss)
+        if not self._last_micro:
+            self.ds_engine.step()
+
+    def clip_grad_norm(self, max_norm: float | None) -> torch.Tensor | None:
         return None  # done in step() by DeepSpeed, from the config's gradient_clipping
 
-    def clip_and_step(self, max_norm: float | None) -> float | None:
+    def clip_and_step(self, max_norm: float | None) -> torch.Tensor | None:
         """DeepSpeed clips inside its step. Its ZeRO and bf16 optimizers report the norm
         they computed; a plain torch optimizer (stage 0, fp32) reports none, but there
         the averaged gradients are whole on every rank after backward, so it is taken
@@ -105,8 +119,11 @@ class DeepSpeedEngine(Engine):
             dense = torch.nn.utils.get_total_norm(grads) if grads else None
         self.ds_engine.step()
         reported = self.ds_engine.get_global_grad_norm()
-        norm = reported if reported is not None else dense
-        return None if norm is None else float(norm)
+        if reported is None:
+            return dense
+        if isinstance(reported, torch.Tensor):
+            return reported.detach()
+        return torch.tensor(float(reported), device=self.precision.device)
 
     def step(self) -> None:
         self.ds_engine.step()

@@ -6,7 +6,9 @@ checkpoints gather the full state on rank 0 (torch.distributed.checkpoint.state_
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import torch
@@ -46,6 +48,13 @@ class FSDPEngine(Engine):
         return parameter_digest({name: param.to_local()
                                  for name, param in self.module.named_parameters()})
 
+    def _gradient_sync(self, sync: bool) -> AbstractContextManager[None]:
+        """FSDP2 reduce-scatters in backward unless told not to; the flag reaches every
+        fully_shard unit below the root. Set on every micro-batch (True on the last), so a
+        window never leaves it off."""
+        self.module.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+
     def _load_optimizer(self, optimizer: dict[str, Any]) -> None:
         # Every rank read the file: each takes its own shard of the full state.
         set_optimizer_state_dict(
@@ -73,4 +82,4 @@ class FSDPBackend(TorchDistributedBackend):
         # Apex amp cannot wrap a sharded model: FSDP always uses native autocast.
         return FSDPEngine(module, optimizer, make_scheduler(optimizer),
                           Precision(self.precision_name, device), is_root=self.is_root,
-                          watch=self.watch)
+                          watch=self.watch, ga_steps=self.ga_steps)

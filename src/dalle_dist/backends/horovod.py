@@ -37,7 +37,7 @@ class HorovodEngine(Engine):
         super().__init__(*args, **kwargs)
         self.synchronized = False
 
-    def clip_grad_norm(self, max_norm: float | None) -> float | None:
+    def clip_grad_norm(self, max_norm: float | None) -> torch.Tensor | None:
         if not max_norm:
             return None
         self.optimizer.synchronize()
@@ -159,9 +159,12 @@ class HorovodBackend(DistributedBackend):
         module = module.to(device)
         module, optimizer = precision.prepare(module, make_optimizer(module.parameters()))
         hvd.broadcast_parameters(module.state_dict(), root_rank=0)
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=module.named_parameters())
+        # backward_passes_per_step: each gradient is all-reduced once per --ga_steps
+        # micro-batches, after the window's last backward (our loss is already / ga).
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=module.named_parameters(),
+                                             backward_passes_per_step=self.ga_steps)
         # A fresh optimizer is the same on every rank. Broadcasting it now would make
         # Horovod create its state with a zero-gradient step, leaving Adam one step ahead
         # of the other backends; a resumed state is read from the file by every rank.
         return HorovodEngine(module, optimizer, make_scheduler(optimizer), precision,
-                             is_root=self.is_root, watch=self.watch)
+                             is_root=self.is_root, watch=self.watch, ga_steps=self.ga_steps)

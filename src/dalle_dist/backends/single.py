@@ -35,4 +35,5 @@ class SingleBackend(DistributedBackend):
         precision = self.precision()
         module = module.to(self.device)
         module, optimizer = precision.prepare(module, make_optimizer(module.parameters()))
-        return Engine(module, optimizer, make_scheduler(optimizer), precision)
+        return Engine(module, optimizer, make_scheduler(optimizer), precision,
+                      ga_steps=self.ga_steps)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from torch import nn
@@ -23,6 +25,11 @@ class DDPEngine(Engine):
     def _wrapped_forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.ddp(*args, **kwargs)
 
+    def _gradient_sync(self, sync: bool) -> AbstractContextManager[None]:
+        """DDP all-reduces in backward unless inside no_sync (which must also cover the
+        forward: DDP prepares its buckets there)."""
+        return contextlib.nullcontext() if sync else self.ddp.no_sync()
+
 
 class TorchBackend(TorchDistributedBackend):
     name = "torch"
@@ -40,4 +47,4 @@ class TorchBackend(TorchDistributedBackend):
         ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda"
                                       else None)
         return DDPEngine(ddp, optimizer, make_scheduler(optimizer), precision,
-                         is_root=self.is_root, watch=self.watch)
+                         is_root=self.is_root, watch=self.watch, ga_steps=self.ga_steps)

@@ -88,11 +88,16 @@ class Checkpointer:
         epoch_done: this was the epoch's last step (its save is after_epoch's);
         stopping: a rank was asked to stop, and the loop ends after this step.
         """
-        due = bool(self.every_n_steps) and state.step % self.every_n_steps == 0
-        if stopping or (due and not epoch_done):
+        if stopping or self.periodic_save_due(state.step, epoch_done=epoch_done):
             self.save(state)
             return True
         return False
+
+    def periodic_save_due(self, step: int, *, epoch_done: bool) -> bool:
+        """Whether after_step saves at `step` when no rank stops: the loop brings the
+        numbers a checkpoint records (the epoch's loss sum) to the host before it."""
+        due = bool(self.every_n_steps) and step % self.every_n_steps == 0
+        return due and not epoch_done
 
     def after_epoch(self, state: LoopState) -> None:
         """The epoch-end save (after the epoch's scheduler step); the last is the run's end."""

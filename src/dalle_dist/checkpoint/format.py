@@ -36,8 +36,8 @@ class LoopState:
     Its fields are saved as they are (`dataclasses.asdict`) beside the weights."""
 
     epoch: int = 0  # epochs completed
-    step: int = 0  # optimizer steps taken (micro-batches under DeepSpeed's --ga_steps)
-    batch: int = 0  # batches done in the current epoch
+    step: int = 0  # optimizer steps taken (each of --ga_steps micro-batches)
+    batch: int = 0  # micro-batches done in the current epoch (saves fall on step boundaries)
     loss_sum: float = 0.0  # their summed loss, for the plateau scheduler at epoch end
 
     @classmethod

@@ -92,11 +92,12 @@ def checked_loader(data_cfg: DataConfig, train_cfg: TrainConfig,
 
 
 def describe_batch(backend: DistributedBackend, batch_size: int, loader: Loader) -> str:
-    if backend.world_size == 1:
-        return f"batch {batch_size}"
-    per_rank = loader.batch_size
-    return (f"global batch {per_rank * backend.world_size} = {per_rank} per rank x "
-            f"{backend.world_size} ranks ({backend.name})")
+    """The batch of one optimizer step and how it is split over micro-batches and ranks."""
+    micro, ga, world = loader.batch_size, backend.ga_steps, backend.world_size
+    if world == 1:
+        return f"batch {batch_size}" + (f" = {ga} micro-batches of {micro}" if ga > 1 else "")
+    split = f"{micro} per rank x {ga} micro-batches" if ga > 1 else f"{micro} per rank"
+    return (f"global batch {micro * ga * world} = {split} x {world} ranks ({backend.name})")
 
 
 def distribute(task: Task, backend: DistributedBackend, train_cfg: TrainConfig) -> Engine:

@@ -8,6 +8,7 @@ it; only the root logs and writes files.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,43 +23,71 @@ from dalle_dist.checkpoint.checkpointer import Checkpointer
 from dalle_dist.checkpoint.format import LoopState
 from dalle_dist.data import EpochLoader, WebDatasetLoader
 from dalle_dist.data.images import save_png
-from dalle_dist.errors import Stopped
+from dalle_dist.errors import DataError, Stopped
 from dalle_dist.train.config import RunPaths, TrainConfig
 from dalle_dist.train.preemption import stop_on_signals, stop_requested, stop_signal_name
 from dalle_dist.train.run_log import RunLog
 from dalle_dist.train.task import Batch, Task
 
+#: How often (in optimizer steps) the ranks agree on a stop signal when --log_every_n_steps
+#: is 0; otherwise they agree at every log step.
+STOP_CHECK_EVERY = 10
+
+
+@dataclass
+class DeviceSums:
+    """The logged numbers of the steps since the last sync point, summed where they were
+    computed. Adding never waits for the device; `drain` brings them to the host in one
+    all-reduce and one device-to-host copy (nanoGPT reads .item() at its log interval
+    only: each read stalls the GPU's queue until every kernel before it has run)."""
+
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    steps: int = 0
+
+    def add(self, values: dict[str, torch.Tensor], weight: float = 1.0) -> None:
+        for name, value in values.items():
+            value = value.detach().float()
+            if weight != 1.0:
+                value = value * weight
+            self.sums[name] = value if name not in self.sums else self.sums[name] + value
+
+    def drain(self, backend: DistributedBackend, stop: bool, device: torch.device
+              ) -> tuple[dict[str, float], bool]:
+        """The sums averaged over ranks (every rank's summed over its steps) and whether
+        any rank was asked to stop; collective, and the one host synchronisation of the
+        steps since the last call."""
+        names = sorted(self.sums)
+        flag = torch.tensor([float(stop)], device=device)
+        packed = torch.cat([torch.stack([self.sums[n] for n in names]), flag]) if names else flag
+        values = backend.average(packed, "the metrics and stop-flag all-reduce").tolist()
+        self.sums, self.steps = {}, 0
+        return dict(zip(names, values[:-1], strict=True)), values[-1] > 0
+
 
 @dataclass
 class MetricWindow:
-    """Sums of the logged numbers since the last metrics line."""
+    """Host sums of the logged numbers since the last metrics line."""
 
     sums: dict[str, float] = field(default_factory=dict)
     steps: int = 0
     samples: int = 0
     started: float = field(default_factory=time.perf_counter)
 
-    def add(self, values: dict[str, float], samples: int) -> None:
-        for name, value in values.items():
+    def add(self, sums: dict[str, float], steps: int, samples: int) -> None:
+        for name, value in sums.items():
             self.sums[name] = self.sums.get(name, 0.0) + value
-        self.steps += 1
+        self.steps += steps
         self.samples += samples
 
     def means(self) -> dict[str, float]:
         elapsed = time.perf_counter() - self.started
-        return {**{k: v / self.steps for k, v in self.sums.items()},
+        return {**{k: v / max(self.steps, 1) for k, v in self.sums.items()},
                 "samples_per_s": self.samples / elapsed}
 
 
-def step_scalars(outputs: dict[str, torch.Tensor], loss: float,
-                 grad_norm: float | None) -> dict[str, float]:
-    """The numbers of one step worth logging: the rank-averaged loss and the model's parts."""
-    values = {k: float(v) for k, v in outputs.items()
-              if k != "loss" and isinstance(v, torch.Tensor) and v.ndim == 0}
-    values["loss"] = loss
-    if grad_norm is not None:
-        values["grad_norm"] = grad_norm
-    return values
+def logged_outputs(outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The numbers of one micro-batch worth logging: the loss and the model's scalar parts."""
+    return {k: v for k, v in outputs.items() if isinstance(v, torch.Tensor) and v.ndim == 0}
 
 
 def inference_model(task: Task, engine: Engine, backend: DistributedBackend) -> nn.Module | None:
@@ -121,15 +150,6 @@ def _watch_precision(engine: Engine, backend: DistributedBackend, log: RunLog,
              f"{dtype_names(seen)}")
 
 
-def loss_and_stop(loss: torch.Tensor, backend: DistributedBackend) -> tuple[float, bool]:
-    """The loss averaged over ranks and whether any rank was asked to stop, in one
-    all-reduce, so every rank stops at the same step."""
-    pair = torch.stack([loss.detach().float(),
-                        torch.tensor(float(stop_requested()), device=loss.device)])
-    loss_mean, stop = backend.average(pair, "the loss all-reduce").tolist()
-    return loss_mean, stop > 0
-
-
 def train(task: Task, engine: Engine, backend: DistributedBackend,
           data: EpochLoader | WebDatasetLoader,
           config: TrainConfig, paths: RunPaths, log: RunLog,
@@ -156,41 +176,69 @@ def train(task: Task, engine: Engine, backend: DistributedBackend,
 def _train(task: Task, engine: Engine, backend: DistributedBackend,
            data: EpochLoader | WebDatasetLoader, config: TrainConfig, paths: RunPaths,
            log: RunLog, state: LoopState, checkpointer: Checkpointer) -> LoopState:
-    device = backend.device
-    samples_per_step = data.batch_size * backend.world_size
+    """One optimizer step = --ga_steps micro-batches. The step itself never waits for the
+    device: its numbers stay there (DeviceSums) until a sync point, a log step, a save, an
+    epoch's end or a stop check, brings them over in one all-reduce."""
+    device, ga = backend.device, engine.ga_steps
+    steps_per_epoch = len(data) // ga
+    if steps_per_epoch == 0:
+        raise DataError(f"an epoch holds {len(data)} micro-batches per rank, fewer than "
+                        f"--ga_steps {ga}", "lower --ga_steps or --batch_size, or add data")
+    samples_per_step = data.batch_size * backend.world_size * ga
+    stop_every = config.log_every_n_steps or STOP_CHECK_EVERY
     checkpointer.before_first_step(state)
-    log.start_progress(config.epochs * len(data), state.step, f"train {task.kind}")
-    window = MetricWindow()
+    log.start_progress(config.epochs * steps_per_epoch, state.step, f"train {task.kind}")
+    device_sums, window = DeviceSums(), MetricWindow()
     first_step = state.step
 
     for epoch in range(state.epoch, config.epochs):
-        for batch in data.epoch(epoch, start=state.batch):
+        micro_batches = iter(data.epoch(epoch, start=state.batch))
+        epoch_end = steps_per_epoch * ga  # a last partial window is left out, as drop_last
+        while state.batch < epoch_end:
+            window_batches = list(itertools.islice(micro_batches, ga))
             # Every wait for the other ranks is bounded and named (backends/watch.py).
             with backend.waiting(f"step {state.step + 1}"):
                 with backend.waiting("the forward and backward pass"), \
                         _watch_precision(engine, backend, log, state.step == first_step):
-                    outputs = engine.forward(*task.inputs(batch, device))
-                    engine.backward(outputs["loss"])
+                    for index, batch in enumerate(window_batches):
+                        with engine.micro_batch(last=index == ga - 1):
+                            outputs = engine.forward(*task.inputs(batch, device))
+                            engine.backward(outputs["loss"])
+                        device_sums.add(logged_outputs(outputs), 1.0 / ga)
                 with backend.waiting("the optimizer step"):
                     grad_norm = engine.clip_and_step(config.clip_grad_norm)
                     engine.zero_grad()
+                if grad_norm is not None:
+                    device_sums.add({"grad_norm": grad_norm})
+                device_sums.steps += 1
                 state.step += 1
+                state.batch += ga
                 task.after_step(state.step, engine)
-                loss, stop = loss_and_stop(outputs["loss"], backend)  # the same everywhere
-            state.batch, state.loss_sum = state.batch + 1, state.loss_sum + loss
-            window.add(step_scalars(outputs, loss, grad_norm), samples_per_step)
-            log.progress(loss=loss)
 
-            if config.log_every_n_steps and state.step % config.log_every_n_steps == 0:
+            epoch_done = state.batch >= epoch_end
+            log_due = bool(config.log_every_n_steps) and state.step % config.log_every_n_steps == 0
+            local_stop = stop_requested()
+            stop, shown = False, {}
+            if (log_due or epoch_done or state.step % stop_every == 0
+                    or checkpointer.periodic_save_due(state.step, epoch_done=epoch_done)
+                    or (local_stop and backend.world_size == 1)):
+                steps = device_sums.steps
+                sums, stop = device_sums.drain(backend, local_stop, device)
+                state.loss_sum += sums.get("loss", 0.0)
+                window.add(sums, steps, steps * samples_per_step)
+                shown = {"loss": sums.get("loss", 0.0) / steps}
+
+            if log_due:
                 scale = engine.loss_scale
                 log.metrics({"step": state.step, "epoch": epoch, **window.means(),
                              "lr": engine.lr, **task.step_metrics(state.step),
                              **({"loss_scale": scale} if scale is not None else {})})
                 window = MetricWindow()
             if config.sample_every_n_steps and state.step % config.sample_every_n_steps == 0:
-                write_samples(task, engine, backend, batch,
+                write_samples(task, engine, backend, window_batches[-1],
                               paths.samples / f"step-{state.step:07d}.png")
-            checkpointer.after_step(state, epoch_done=state.batch >= len(data), stopping=stop)
+            checkpointer.after_step(state, epoch_done=epoch_done, stopping=stop)
+            log.progress(**shown)  # the step's end (tests/backends/sync_probe.py counts on it)
             if stop:
                 log.end_progress()
                 signal_name = stop_signal_name() or "another rank's signal"
@@ -198,7 +246,7 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
                               f"{paths.checkpoint}; continue with the same command and "
                               "--resume auto" if backend.is_root else "")
 
-        task.after_epoch(epoch, state.loss_sum / max(state.batch, 1), engine)
+        task.after_epoch(epoch, state.loss_sum / steps_per_epoch, engine)
         state.epoch, state.batch, state.loss_sum = epoch + 1, 0, 0.0
         checkpointer.after_epoch(state)
 
