@@ -47,7 +47,7 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     add_flags(model, TokenizerConfig,
               help={"bpe_path": "HuggingFace tokenizers JSON: its vocabulary replaces "
                                 "--num_text_tokens"})
-    add_flags(model, ComputeConfig)
+    add_flags(model, ComputeConfig, exclude=["no_tf32"])  # TF32 changes no memory
     add_flags(p.add_argument_group("VAE and data (as `train-vae`)"), VAEConfig, only=_VAE_SHAPE)
     plan = p.add_argument_group("plan")
     add_flags(plan, TrainConfig, only=["batch_size"],

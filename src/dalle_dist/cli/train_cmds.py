@@ -44,6 +44,7 @@ def _add_train_args(parser: argparse.ArgumentParser, defaults: TrainConfig) -> N
     add_flags(group, defaults, exclude=["clip_grad_norm"])
     add_flags(group, ResumeConfig)
     add_flags(group, DistributedConfig, only=["device"])
+    add_flags(group, ComputeConfig, only=["no_tf32"])
     add_backend_arguments(parser)
 
 
@@ -112,7 +113,7 @@ def run_train_vae(args: argparse.Namespace) -> int:
     data_cfg = from_args(DataConfig, args, image_size=vae_cfg.image_size)
     return run_on_backend(args, lambda backend: train_vae(
         vae_cfg, from_args(VAESchedule, args), train_cfg, data_cfg,
-        args.vae_output_file_name, backend, resume=resume))
+        args.vae_output_file_name, backend, resume=resume, tf32=not args.no_tf32))
 
 
 # -- train ---------------------------------------------------------------------------
@@ -134,7 +135,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
                         "(0: skip; default %(default)s)")
     model = p.add_argument_group("model")
     add_flags(model, DALLEConfig)
-    add_flags(model, ComputeConfig)
+    add_flags(model, ComputeConfig, only=["attn_impl"])  # --no_tf32: with the training flags
     _add_train_args(p, TrainConfig())
     add_flags(p, TrainConfig, only=["clip_grad_norm"])
     p.add_argument("--lr_decay", action="store_true",
@@ -161,4 +162,5 @@ def run_train(args: argparse.Namespace) -> int:
         model_args, train_cfg, data_cfg, args.dalle_output_file_name, backend,
         vae_path=args.vae_path, resume=resume, bpe_path=from_args(TokenizerConfig, args).bpe_path,
         attn_impl=args.attn_impl, text_seq_len=text_seq_len, lr_decay=args.lr_decay,
-        fidelity_images=args.fidelity_images, builtin_vae_epochs=args.builtin_vae_epochs))
+        fidelity_images=args.fidelity_images, builtin_vae_epochs=args.builtin_vae_epochs,
+        tf32=not args.no_tf32))

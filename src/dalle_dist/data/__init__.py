@@ -70,18 +70,23 @@ def check_captions(source: Dataset | EpochLoader | WebDatasetLoader, tokenizer: 
 
 def make_loader(config: DataConfig, image_size: int, batch_size: int, rank: int,
                 world_size: int, seed: int, collate: CaptionCollate, require_captions: bool,
-                flag: str = "--image_text_folder") -> tuple[EpochLoader | WebDatasetLoader, str]:
-    """This rank's batches and a log line describing the data behind them."""
+                flag: str = "--image_text_folder", *, num_workers: int = 0,
+                pin_memory: bool = False) -> tuple[EpochLoader | WebDatasetLoader, str]:
+    """This rank's batches and a log line describing the data behind them.
+
+    num_workers: the loader processes the run decided on (config.num_workers is what the
+    user asked for, None for the default: train.commands resolves it from the device and
+    the CPUs); pin_memory: batches land in page-locked memory (worth it only on CUDA)."""
     if config.wds:
         if config.builtin:
             raise DataError("--wds needs WebDataset shards", f"pass them with {flag}")
         loader = WebDatasetLoader(config.image_text_folder, config.wds, image_size,
                                   config.resize_ratio, batch_size, rank, world_size, seed,
-                                  config.num_workers, collate, require_captions)
+                                  num_workers, collate, require_captions, pin_memory)
         return loader, loader.describe()
     dataset = build_dataset(config, image_size, require_captions, flag)
-    return (EpochLoader(dataset, batch_size, rank, world_size, seed, config.num_workers,
-                        collate), describe_dataset(dataset))
+    return (EpochLoader(dataset, batch_size, rank, world_size, seed, num_workers, collate,
+                        pin_memory), describe_dataset(dataset))
 
 
 class CaptionCollate:

@@ -25,8 +25,10 @@ class DataConfig(DictConfig):
         name="--random_resize_crop_lower_ratio")
     shapes_count: int = option(10_000, "images per epoch of the built-in shapes")
     shapes_seed: int = option(0, "seed of the built-in shapes")
-    num_workers: int = option(0, "data loader processes",
-                              default_text="default 0: load in the main one")
+    num_workers: int | None = option(
+        None, "data loader processes per rank (0: load in the training process)",
+        default_text="default: on CUDA min(8, CPUs per local rank - 1), on CPU 0, since "
+        "there the step's threads already use every core")
 
     @property
     def builtin(self) -> bool:

@@ -22,6 +22,7 @@ import torch
 from PIL import Image
 
 from dalle_dist.data.images import pil_to_tensor, random_resized_crop, to_rgb
+from dalle_dist.data.loader import PREFETCH_FACTOR
 from dalle_dist.errors import DataError
 
 #: Samples held in the shuffle buffer of each loader worker.
@@ -107,7 +108,8 @@ class WebDatasetLoader:
 
     def __init__(self, spec: str, keys: str, image_size: int, resize_ratio: float,
                  batch_size: int, rank: int, world_size: int, seed: int, num_workers: int,
-                 collate: Callable[[Any], Any], require_caption: bool) -> None:
+                 collate: Callable[[Any], Any], require_caption: bool,
+                 pin_memory: bool = False) -> None:
         self.image_key, self.caption_key = parse_keys(keys, require_caption)
         shards = shard_paths(spec)
         if len(shards) < world_size:
@@ -122,7 +124,7 @@ class WebDatasetLoader:
                             f"check --wds {keys} (keys are the member extensions) or add data")
         self.shards = [str(s.path) for s in self.index[rank::world_size]]
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
-        self.collate = collate
+        self.collate, self.pin_memory = collate, pin_memory
         self.convert = _to_sample(self.image_key, self.caption_key, image_size, resize_ratio)
 
     @staticmethod
@@ -153,9 +155,11 @@ class WebDatasetLoader:
                     .select(lambda sample: all(k in sample for k in keys if k))
                     .shuffle(SHUFFLE_BUFFER, seed=seed)
                     .map(self.convert, handler=wds.warn_and_continue))
-        return iter(torch.utils.data.DataLoader(pipeline, batch_size=self.batch_size,
-                                                num_workers=self.num_workers,
-                                                collate_fn=self.collate, drop_last=True))
+        # a DataLoader per pass (its shuffle seed differs): workers cannot persist
+        return iter(torch.utils.data.DataLoader(
+            pipeline, batch_size=self.batch_size, num_workers=self.num_workers,
+            collate_fn=self.collate, drop_last=True, pin_memory=self.pin_memory,
+            prefetch_factor=PREFETCH_FACTOR if self.num_workers else None))
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Any]:
         """Exactly len(self) batches, from batch `start` on (a resumed run: the earlier

@@ -113,3 +113,7 @@ class ComputeConfig(DictConfig):
 
     attn_impl: str = option("auto", "how attention is computed: auto picks the fastest "
                             "correct path for the device", choices=ATTN_IMPLS)
+    no_tf32: bool = option(
+        False, "keep fp32 matmuls and convolutions in full fp32 on CUDA; by default they "
+        "run in TensorFloat-32 (10-bit mantissa, several times faster on Ampere and "
+        "later). No effect on CPU, or on what autocast runs in bf16/fp16")

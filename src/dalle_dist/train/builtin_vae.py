@@ -51,10 +51,15 @@ def builtin_vae(data: DataConfig, cache_dir: Path | None = None,
     sharper VAE; each count has its own cache entry)."""
     vae_cfg = VAEConfig(image_size=data.image_size)
     schedule = VAESchedule()
-    data = DataConfig(image_size=data.image_size, shapes_seed=data.shapes_seed)
+    data = DataConfig(image_size=data.image_size, shapes_seed=data.shapes_seed,
+                      num_workers=data.num_workers)
     train = replace(BUILTIN_VAE_TRAIN, epochs=epochs)
+    # How many processes draw the shapes changes no image (each is a function of seed and
+    # index), so the key holds 0, the count every key was made with before --num_workers
+    # had a per-device default: cached VAEs stay found.
+    key_data = replace(data, num_workers=0)
     key_source = json.dumps([vae_cfg.to_dict(), schedule.to_dict(), train.to_dict(),
-                             data.to_dict()], sort_keys=True)
+                             key_data.to_dict()], sort_keys=True)
     key = hashlib.sha256(key_source.encode()).hexdigest()[:12]
     path = (cache_dir or default_cache_dir()) / "vae" / f"shapes-{data.image_size}px-{key}.pt"
     return BuiltinVAE(vae_cfg, schedule, train, data, path)

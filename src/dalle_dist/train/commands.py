@@ -37,6 +37,7 @@ from dalle_dist.data import (
     make_loader,
 )
 from dalle_dist.data.images import make_grid, save_png
+from dalle_dist.data.loader import check_num_workers, default_num_workers
 from dalle_dist.data.tokenizer import load_tokenizer
 from dalle_dist.errors import ConfigError, DataError
 from dalle_dist.model import DALLEConfig, PatternOptions, VAEConfig, build_pattern
@@ -58,14 +59,45 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def set_tf32(device: torch.device, enabled: bool) -> bool:
+    """TensorFloat-32 for fp32 matmuls and cuDNN convolutions when the run is on CUDA (on
+    by default: --no_tf32 turns it off); returns whether it is on. On CPU nothing is
+    touched: the settings are process-wide and mean nothing there.
+
+    Matmuls go through set_float32_matmul_precision and convolutions through cudnn's
+    allow_tf32, the spellings every torch since 2.4 has; torch >= 2.9 reads them back
+    through its new fp32_precision settings as well (setting those instead would make
+    any later read of the old ones raise)."""
+    if device.type != "cuda":
+        return False
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled
+    return enabled
+
+
+def loader_workers(data_cfg: DataConfig, backend: DistributedBackend) -> int:
+    """--num_workers, or its default (data.loader.default_num_workers) for this device and
+    this node's CPUs per local rank; the smallest any rank picks, so every rank uses one
+    count (a WebDataset epoch's length depends on it) and none oversubscribes its node.
+    A collective: every rank calls it."""
+    if data_cfg.num_workers is not None:
+        return check_num_workers(data_cfg.num_workers)
+    own = default_num_workers(backend.device, backend.local_world_size)
+    return min(backend.all_gather_object(own, "the data-loader worker count"))
+
+
 def rank_loader(data_cfg: DataConfig, image_size: int, train_cfg: TrainConfig,
                 backend: DistributedBackend, collate: CaptionCollate, require_captions: bool,
-                log: RunLog, flag: str = "--image_text_folder") -> Loader:
-    """This rank's share of the data, in batches of its share of --batch_size."""
+                log: RunLog, flag: str = "--image_text_folder", workers: int = 0) -> Loader:
+    """This rank's share of the data, in batches of its share of --batch_size, loaded by
+    `workers` processes; pinned on CUDA so the step's non_blocking copies overlap."""
+    pin = backend.device.type == "cuda"
     loader, description = make_loader(
         data_cfg, image_size, backend.rank_batch_size(train_cfg.batch_size), backend.rank,
-        backend.world_size, train_cfg.seed, collate, require_captions, flag)
-    log.info(description)
+        backend.world_size, train_cfg.seed, collate, require_captions, flag,
+        num_workers=workers, pin_memory=pin)
+    how = f"{workers} loader processes per rank" if workers else "loaded in the main process"
+    log.info(f"{description} ({how}{', pinned' if pin else ''})")
     return loader
 
 
@@ -84,9 +116,10 @@ def check_same_steps(loader: Loader, backend: DistributedBackend,
 
 def checked_loader(data_cfg: DataConfig, train_cfg: TrainConfig,
                    backend: DistributedBackend, collate: CaptionCollate, tokenizer: Any,
-                   text_seq_len: int, log: RunLog) -> Loader:
+                   text_seq_len: int, log: RunLog, workers: int = 0) -> Loader:
     """This rank's batches of image-caption pairs, captions checked against text_seq_len."""
-    loader = rank_loader(data_cfg, data_cfg.image_size, train_cfg, backend, collate, True, log)
+    loader = rank_loader(data_cfg, data_cfg.image_size, train_cfg, backend, collate, True, log,
+                         workers=workers)
     check_captions(loader, tokenizer, text_seq_len, data_cfg.truncate_captions)
     return loader
 
@@ -141,10 +174,13 @@ class RunSetup:
     @classmethod
     def begin(cls, kind: str, output_flag: str, backend: DistributedBackend,
               train_cfg: TrainConfig, resume: ResumeConfig, paths: RunPaths,
-              log: RunLog) -> RunSetup:
+              log: RunLog, tf32: bool = True) -> RunSetup:
         """What every command does before its model exists, with every rank on one path:
-        the flags checked on all ranks, the output and resume decided by the root, the
-        checkpoint to continue read by all and held against the model flags given."""
+        TF32 set for CUDA, the flags checked on all ranks, the output and resume decided
+        by the root, the checkpoint to continue read by all and held against the model
+        flags given."""
+        if set_tf32(backend.device, tf32):
+            log.info("fp32 matmuls and convolutions run in TF32 (--no_tf32: full fp32)")
         seed_everything(train_cfg.seed)
         backend.everywhere("the flag check", lambda: backend.check_config(train_cfg.batch_size))
         start = backend.on_root("the resume decision",
@@ -155,9 +191,12 @@ class RunSetup:
                               payload["loaded_from"])
         return cls(backend, train_cfg, resume, paths, log, start, payload)
 
-    def loader(self, make: Callable[[], Loader], flag: str) -> Loader:
-        """This rank's data from `make`, with every rank taking as many steps per epoch."""
-        loader = self.backend.everywhere("the data check", make)
+    def loader(self, make: Callable[[int], Loader], data_cfg: DataConfig, flag: str
+               ) -> Loader:
+        """This rank's data from `make(workers)`, with every rank taking as many steps per
+        epoch; workers: loader processes per rank, as loader_workers decides."""
+        workers = loader_workers(data_cfg, self.backend)
+        loader = self.backend.everywhere("the data check", lambda: make(workers))
         check_same_steps(loader, self.backend, flag)
         return loader
 
@@ -186,19 +225,21 @@ class RunSetup:
 def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
               data_cfg: DataConfig, output: str, backend: DistributedBackend,
               log: RunLog | None = None, paths: RunPaths | None = None,
-              resume: ResumeConfig | None = None) -> Path:
-    """Train a discrete VAE; returns the checkpoint path."""
+              resume: ResumeConfig | None = None, tf32: bool = True) -> Path:
+    """Train a discrete VAE; returns the checkpoint path. tf32: fp32 matmuls and
+    convolutions in TF32 on CUDA (set_tf32)."""
     resume = resume or ResumeConfig()
     for cfg in (vae_cfg, schedule, train_cfg, resume):
         cfg.validate()
     paths = paths or RunPaths.for_output(output)
     log = log or RunLog(paths.metrics, backend.is_root)
-    run = RunSetup.begin("vae", "--vae_output_file_name", backend, train_cfg, resume, paths, log)
+    run = RunSetup.begin("vae", "--vae_output_file_name", backend, train_cfg, resume, paths, log,
+                         tf32)
     if run.payload is not None:
         vae_cfg = VAEConfig.from_dict(run.payload["configs"]["model"])
-    loader = run.loader(lambda: rank_loader(
+    loader = run.loader(lambda workers: rank_loader(
         data_cfg, vae_cfg.image_size, train_cfg, backend, CaptionCollate(None, 0, False),
-        False, log, flag="--image_folder"), "--image_folder")
+        False, log, flag="--image_folder", workers=workers), data_cfg, "--image_folder")
     task = VAETask(vae_cfg, schedule, train_cfg, data_cfg.to_dict())
     run.train(task, loader, f"training a VAE: {vae_cfg.image_size}px -> {vae_cfg.fmap_size}x"
               f"{vae_cfg.fmap_size} tokens of {vae_cfg.num_tokens}")
@@ -207,8 +248,8 @@ def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
 
 
 def builtin_vae_payload(data_cfg: DataConfig, backend: DistributedBackend, log: RunLog,
-                        cache_dir: Path | None = None, epochs: int = BUILTIN_VAE_TRAIN.epochs
-                        ) -> dict[str, Any]:
+                        cache_dir: Path | None = None, epochs: int = BUILTIN_VAE_TRAIN.epochs,
+                        tf32: bool = True) -> dict[str, Any]:
     """The cached VAE for the built-in shapes, trained first when there is none.
 
     Rank 0 trains it alone, as a single process (so the cached VAE is the same whatever
@@ -230,7 +271,7 @@ def builtin_vae_payload(data_cfg: DataConfig, backend: DistributedBackend, log: 
                 train_vae(spec.vae, spec.schedule, spec.train, spec.data,
                           str(partial.checkpoint), SingleBackend.on(backend.device),
                           log=RunLog(partial.metrics), paths=partial,
-                          resume=ResumeConfig(source="auto"))
+                          resume=ResumeConfig(source="auto"), tf32=tf32)
             finally:
                 restore_rng(streams)  # so the DALL-E is the same as with a cached VAE
             os.replace(partial.checkpoint, spec.path)
@@ -245,8 +286,10 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
                 resume: ResumeConfig | None = None, bpe_path: str | None = None,
                 text_seq_len: int = 48, lr_decay: bool = False, fidelity_images: int = 64,
                 attn_impl: str = "auto", cache_dir: Path | None = None,
-                builtin_vae_epochs: int = BUILTIN_VAE_TRAIN.epochs) -> float | None:
-    """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere)."""
+                builtin_vae_epochs: int = BUILTIN_VAE_TRAIN.epochs, tf32: bool = True
+                ) -> float | None:
+    """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere).
+    tf32: fp32 matmuls and convolutions in TF32 on CUDA (set_tf32)."""
     resume = resume or ResumeConfig()
     train_cfg.validate()
     resume.validate()
@@ -266,7 +309,7 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     paths = RunPaths.for_output(output)
     log = RunLog(paths.metrics, backend.is_root)
     run = RunSetup.begin("dalle", "--dalle_output_file_name", backend, train_cfg, resume,
-                         paths, log)
+                         paths, log, tf32)
     if run.payload is not None:
         model_cfg, vae, tokenizer = dalle_parts(run.payload)
         if vae_path:
@@ -277,7 +320,7 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
                 load_checkpoint(vae_path, "--vae_path", "vae")))
         elif data_cfg.builtin:
             vae = vae_from_checkpoint(builtin_vae_payload(data_cfg, backend, log, cache_dir,
-                                                          builtin_vae_epochs))
+                                                          builtin_vae_epochs, tf32))
         else:
             raise ConfigError("--vae_path is required with --image_text_folder",
                               "train one first with dalle-dist train-vae --image_folder ...")
@@ -289,12 +332,12 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
 
     data_cfg = replace(data_cfg, image_size=vae.config.image_size)
     collate = CaptionCollate(tokenizer, model_cfg.text_seq_len, data_cfg.truncate_captions)
-    loader = run.loader(lambda: checked_loader(
-        data_cfg, train_cfg, backend, collate, tokenizer, model_cfg.text_seq_len, log),
-        "--image_text_folder")
+    loader = run.loader(lambda workers: checked_loader(
+        data_cfg, train_cfg, backend, collate, tokenizer, model_cfg.text_seq_len, log,
+        workers), data_cfg, "--image_text_folder")
 
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), lr_decay,
-                     backend.device, attn_impl)
+                     backend.device, attn_impl, precision=backend.precision())
     n_params = sum(p.numel() for p in task.model.parameters())
     engine = run.train(task, loader, f"training DALL-E: {n_params / 1e6:.2f}M parameters, "
                        f"{model_cfg.text_seq_len} text + {model_cfg.image_seq_len} image tokens")

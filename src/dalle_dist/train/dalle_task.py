@@ -1,4 +1,8 @@
-"""Training DALL-E on image tokens from a frozen VAE (DALLE-pytorch's train_dalle.py)."""
+"""Training DALL-E on image tokens from a frozen VAE (DALLE-pytorch's train_dalle.py).
+
+The VAE encodes every batch before the step, so it runs in the run's precision too: in
+bf16/fp16 its convolutions would otherwise be the one fp32 part of a mixed-precision step.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from PIL import Image
 from torch import nn
 
 from dalle_dist.backends import Engine
+from dalle_dist.backends.precision import Precision
 from dalle_dist.data.images import make_grid
 from dalle_dist.data.tokenizer import Tokenizer
 from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE
@@ -24,8 +29,12 @@ class DALLETask(Task):
 
     def __init__(self, config: DALLEConfig, vae: DiscreteVAE, tokenizer: Tokenizer,
                  train: TrainConfig, data: dict[str, Any], lr_decay: bool,
-                 device: torch.device, attn_impl: str = "auto") -> None:
+                 device: torch.device, attn_impl: str = "auto",
+                 precision: Precision | None = None) -> None:
+        """precision: the run's (backend.precision()), whose autocast the frozen VAE
+        encodes under; None: fp32."""
         self.config, self.train, self.data = config, train, data
+        self.precision = precision or Precision("fp32", device)
         self.learning_rate = train.learning_rate
         self.tokenizer, self.lr_decay, self.attn_impl = tokenizer, lr_decay, attn_impl
         self.vae = vae.to(device).eval().requires_grad_(False)
@@ -46,7 +55,9 @@ class DALLETask(Task):
 
     def inputs(self, batch: Batch, device: torch.device) -> tuple[Any, ...]:
         images, text, _ = batch
-        image_tokens = self.vae.get_codebook_indices(images.to(device, non_blocking=True))
+        images = images.to(device, non_blocking=True)  # async from the loader's pinned memory
+        with torch.no_grad(), self.precision.autocast():
+            image_tokens = self.vae.get_codebook_indices(images)
         return text.to(device, non_blocking=True), image_tokens
 
     def after_epoch(self, epoch: int, mean_loss: float, engine: Engine) -> None:
