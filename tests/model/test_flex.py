@@ -10,8 +10,6 @@ compiles through the same counter (`flex_compile_stats`).
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -34,6 +32,8 @@ from tests.model.test_attention import (
 )
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+# The eager backend runs flex unfused, which torch says once per process.
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 
 @pytest.fixture
@@ -42,7 +42,6 @@ def eager_kernel(monkeypatch: pytest.MonkeyPatch) -> paths.FlexKernel:
     one (inductor) kernel for this test."""
     kernel = paths.FlexKernel(backend="eager")
     monkeypatch.setattr(paths, "flex_kernel", lambda: kernel)
-    warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
     return kernel
 
 
@@ -167,7 +166,6 @@ def test_flex_forward_equals_the_reference_for_every_pattern() -> None:
     """One kernel for every case, as a model with mixed patterns has: each must get its own
     pattern's mask (forward only: FlexAttention has no backward on CPU)."""
     kernel = paths.FlexKernel(backend="eager")
-    warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
     for name, kw in CASES:
         layout = layouts_for(name)[-1]
         pattern = make_pattern(name, kw)

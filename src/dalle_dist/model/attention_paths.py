@@ -235,13 +235,15 @@ class FlexKernel:
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout,
                  pattern: AttentionPattern) -> Tensor:
-        n = q.shape[2]
-        block_mask = self.block_mask(pattern, layout, n, q.device)
+        block_mask = self.block_mask(pattern, layout, q.shape[2], q.device)
+        if torch.compiler.is_compiling():
+            # Traced inside a compiled model: flex becomes part of that graph.
+            from torch.nn.attention.flex_attention import flex_attention
+
+            return flex_attention(q, k, v, block_mask=block_mask)
         self._signatures.add((pattern.key, layout, tuple(q.shape), str(q.device), q.dtype,
                               torch.is_grad_enabled() and q.requires_grad))
         kernel = self.compiled()
-        if torch.compiler.is_compiling():  # inside a compiled model: its limits apply
-            return kernel(q, k, v, block_mask=block_mask)
         with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT):
             return kernel(q, k, v, block_mask=block_mask)
 
