@@ -210,3 +210,18 @@ def test_a_new_shape_compiles_once_more(eager_kernel: paths.FlexKernel) -> None:
         paths.flex(q, q, q, layout, 0.0, pattern)
     stats = paths.flex_compile_stats()
     assert stats["compiles"] == stats["pairs"] == 2, stats
+
+
+def test_more_graphs_than_dynamos_default_limit_still_compile(
+        eager_kernel: paths.FlexKernel) -> None:
+    """Dynamo keeps 8 graphs per code object by default; 4 patterns x train/eval x 2
+    dtypes reach that. Bug caught: the kernel not lifting the limit for flex (the 9th
+    graph would run unfused, uncounted; with fullgraph it would raise mid-run)."""
+    pattern = make_pattern("axial_row", {})
+    layout = SequenceLayout(9, 6)
+    lengths = range(layout.seq_len - 9, layout.seq_len + 1)  # 10 shapes
+    for n in lengths:
+        q = torch.randn(1, 1, n, DIM_HEAD)
+        paths.flex(q, q, q, layout, 0.0, pattern)
+    stats = eager_kernel.stats()
+    assert stats["compiles"] == stats["signatures"] == len(lengths) > 8, stats

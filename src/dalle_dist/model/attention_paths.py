@@ -241,9 +241,12 @@ class FlexKernel:
             from torch.nn.attention.flex_attention import flex_attention
 
             return flex_attention(q, k, v, block_mask=block_mask)
-        self._signatures.add((pattern.key, layout, tuple(q.shape), str(q.device), q.dtype,
-                              torch.is_grad_enabled() and q.requires_grad))
         kernel = self.compiled()
+        signature = (pattern.key, layout, tuple(q.shape), str(q.device), q.dtype,
+                     torch.is_grad_enabled() and q.requires_grad)
+        if signature in self._signatures:  # compiled already: no limit to lift (the
+            return kernel(q, k, v, block_mask=block_mask)  # patch costs ~1 ms a call)
+        self._signatures.add(signature)
         with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT):
             return kernel(q, k, v, block_mask=block_mask)
 
