@@ -189,20 +189,17 @@ def test_kv_cache_equals_one_shot(case: tuple[str, dict]) -> None:
 
 
 def test_flex_mask_mod_is_the_same_rule() -> None:
-    """FlexAttention runs only on CUDA here, but its mask comes from the same rule through
-    vmap; materialising that mask on CPU must give the dense mask."""
+    """FlexAttention's mask_mod (the one the shared kernel builds) comes from the same rule
+    through vmap; materialising that mask on CPU must give the dense mask."""
     from torch.nn.attention.flex_attention import create_mask
 
+    from dalle_dist.model.attention_paths import FlexKernel
+
+    kernel = FlexKernel()
     for name, kw in CASES:
         layout = layouts_for(name)[-1]
-        pattern = make_pattern(name, kw)
         n = layout.seq_len
-
-        def mask_mod(b: Tensor, h: Tensor, q: Tensor, k: Tensor,
-                     pattern: AttentionPattern = pattern, layout: SequenceLayout = layout
-                     ) -> Tensor:
-            return pattern.allowed(layout, q, k)
-
+        mask_mod = kernel.mask_mod(make_pattern(name, kw), layout, torch.device("cpu"))
         got = create_mask(mask_mod, None, None, n, n, device="cpu")[0, 0]
         assert torch.equal(got, brute_mask(name, kw, layout, n)), name
 

@@ -10,7 +10,9 @@ forward + backward of one layer, 256 and 1024 image tokens):
                      below that SDPA with the mask (the gather's set-up costs more there)
   sparse             SDPA with the mask on CPU: the block gather copies its key blocks and
                      loses to it at every density measured
-  on CUDA, every pattern but full goes to FlexAttention (block masks skip empty tiles).
+  on CUDA, every pattern but full goes to FlexAttention (block masks skip empty tiles),
+                     except while training with --attn_dropout > 0: FlexAttention has no
+                     dropout, so such layers take the CPU choice above (which applies it).
 """
 
 from __future__ import annotations
@@ -43,14 +45,20 @@ CONV_GATHER_MIN_SIDE = 24
 
 
 def resolve_impl(impl: str, pattern: AttentionPattern, device: torch.device,
-                 layout: SequenceLayout | None = None) -> str:
-    """The path a layer with this pattern uses on this device for --attn_impl `impl`."""
+                 layout: SequenceLayout | None = None, dropout: float = 0.0) -> str:
+    """The path a layer with this pattern uses on this device for --attn_impl `impl`.
+
+    `dropout` is the rate the layer applies now (0 in eval). FlexAttention cannot apply
+    it, so `auto` leaves flex for the CPU choice (gather or masked SDPA, which both apply
+    it inside SDPA) while a layer trains with dropout on, and an explicit `flex` then is a
+    ConfigError: dropout is never silently dropped. Sampling (eval) keeps flex on CUDA.
+    """
     if impl not in ATTN_IMPLS:
         raise ConfigError(f"unknown --attn_impl {impl!r}", f"valid: {', '.join(ATTN_IMPLS)}")
     if impl == "auto":
         if pattern.causal_only:
             return "sdpa"
-        if device.type == "cuda":
+        if device.type == "cuda" and not dropout:
             return "flex"
         if isinstance(pattern, SparsePattern):
             return "sdpa"
@@ -58,6 +66,8 @@ def resolve_impl(impl: str, pattern: AttentionPattern, device: torch.device,
             side = layout.fmap_size if layout is not None else 0
             return "gather" if side >= CONV_GATHER_MIN_SIDE else "sdpa"
         return "gather"
+    if impl == "flex" and dropout:
+        raise paths.flex_dropout_error()
     if impl == "gather" and not has_gather_path(pattern):
         return "sdpa"  # full attention has no sparsity to gather: its causal kernel is it
     return impl
@@ -95,7 +105,6 @@ class Attention(nn.Module):
         self.to_qkv = nn.Linear(dim, inner * 3, bias=False)
         self.to_out = nn.Linear(inner, dim)
         self._masks: dict[tuple[SequenceLayout, str], Tensor] = {}
-        self._flex: paths.FlexPath | None = None
 
     def _mask(self, layout: SequenceLayout, device: torch.device) -> Tensor:
         """The pattern's mask over the longest sequence, built once per layout and device."""
@@ -108,7 +117,7 @@ class Attention(nn.Module):
         """Attention over positions 0..n-1 (no cache), along the chosen path."""
         dropout = self.dropout if self.training else 0.0
         n = q.shape[2]
-        impl = resolve_impl(self.impl, self.pattern, q.device, layout)
+        impl = resolve_impl(self.impl, self.pattern, q.device, layout, dropout)
         if impl == "dense":
             mask = self._mask(layout, q.device)[:n, :n]
             return paths.dense_reference(q, k, v, mask, dropout, self.stable)
@@ -118,9 +127,7 @@ class Attention(nn.Module):
             mask = self._mask(layout, q.device)[:n, :n]
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
         if impl == "flex":
-            if self._flex is None:
-                self._flex = paths.FlexPath(self.pattern)
-            return self._flex(q, k, v, layout, dropout)
+            return paths.flex(q, k, v, layout, dropout, self.pattern)
         pattern = self.pattern
         if isinstance(pattern, SparsePattern):
             return paths.block_gather(q, k, v, layout, dropout, pattern)

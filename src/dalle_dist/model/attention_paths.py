@@ -8,11 +8,17 @@ same shape; all must equal `dense_reference` (tests check outputs and gradients)
   band_gather      grid lines as batches: each image query scores the text plus its line
                    and the lines just before it (axial_row, axial_col, conv_like)
   block_gather     each 16-token query block scores only the key blocks the layout allows
-  flex             FlexAttention with a BlockMask from the pattern's rule (CUDA)
+  flex             FlexAttention with a BlockMask from the pattern's rule (CUDA); one
+                   compiled kernel and one mask per (pattern, shape, device) for all layers;
+                   no dropout (it refuses a non-zero rate, see resolve_impl)
+
+Every path but flex applies dropout to the attention probabilities (inside SDPA or after
+the softmax), so a training layer with dropout on never takes flex.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -20,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dalle_dist.errors import ConfigError
 from dalle_dist.model.patterns import (
     AttentionPattern,
     SequenceLayout,
@@ -148,31 +155,130 @@ def block_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropou
     return out.view(b, nb, h, bs, dh).transpose(1, 2).reshape(b, h, nb * bs, dh)[:, :, :n]
 
 
-class FlexPath:
-    """FlexAttention with a BlockMask built from the pattern's rule, compiled (CUDA)."""
+def flex_dropout_error() -> ConfigError:
+    """FlexAttention has no dropout: a dropped score is renormalised away by the softmax,
+    not zeroed after it, so a score_mod cannot stand in for dropout on probabilities."""
+    return ConfigError("--attn_impl flex cannot apply --attn_dropout: FlexAttention has no "
+                       "dropout", "set --attn_dropout 0, or use --attn_impl auto, sdpa or gather")
 
-    def __init__(self, pattern: AttentionPattern) -> None:
-        self.pattern = pattern
-        self._masks: dict[tuple[SequenceLayout, int, str], object] = {}
-        self._kernel: Callable[..., Tensor] | None = None
 
-    def block_mask(self, layout: SequenceLayout, n: int, device: torch.device) -> object:
-        from torch.nn.attention.flex_attention import create_block_mask
+#: The torch.compile backend of the shared kernel; FlexAttention needs inductor's
+#: generated kernel to be fused (anything else runs its unfused reference).
+FLEX_BACKEND = "inductor"
+#: Graphs dynamo may keep for flex_attention while our kernel calls it (its default, 8,
+#: is shared by every code object and is reached by 4 patterns x train/eval x 2 dtypes).
+#: Past it dynamo runs flex unfused: correct, slow, and visible in flex_compile_stats.
+FLEX_RECOMPILE_LIMIT = 64
 
-        key = (layout, n, str(device))
-        if key not in self._masks:
-            pattern = self.pattern
+
+class FlexKernel:
+    """One compiled flex_attention, the mask_mods and the BlockMasks it reads, for every
+    layer of the process.
+
+    Dynamo keeps its compiled graphs on flex_attention's code object and guards them on the
+    BlockMask's mask_mod and shapes. So layers share: one mask_mod function object per
+    (pattern, layout, device) and one BlockMask per (pattern, layout, length, device); a
+    pattern's graph compiles once for all the layers that use it, and compiles again only
+    for a new pattern, shape, dtype, device or grad mode. `compiles` counts the graphs the
+    backend was asked for (each recompile is one), for the GPU acceptance run.
+    """
+
+    def __init__(self, backend: str = FLEX_BACKEND) -> None:
+        self.backend = backend
+        self.compiles = 0
+        self._compiled: Callable[..., Tensor] | None = None
+        self._mask_mods: dict[tuple[object, ...], Callable[..., Tensor]] = {}
+        self._block_masks: dict[tuple[object, ...], object] = {}
+        self._signatures: set[tuple[object, ...]] = set()
+
+    def mask_mod(self, pattern: AttentionPattern, layout: SequenceLayout,
+                 device: torch.device) -> Callable[..., Tensor]:
+        """The pattern's rule as FlexAttention's mask_mod, one object per (pattern, layout,
+        device): a fresh closure per layer could cost a recompile per layer."""
+        key = (pattern.key, layout, str(device))
+        if key not in self._mask_mods:
+            rule = pattern.bound_rule(layout, device)
 
             def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-                return pattern.allowed(layout, q_idx, kv_idx)
+                return rule(q_idx, kv_idx)
 
-            self._masks[key] = create_block_mask(mask_mod, None, None, n, n, device=device)
-        return self._masks[key]
+            self._mask_mods[key] = mask_mod
+        return self._mask_mods[key]
+
+    def block_mask(self, pattern: AttentionPattern, layout: SequenceLayout, n: int,
+                   device: torch.device) -> object:
+        """The BlockMask of a length-n sequence from position 0, built once."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        key = (pattern.key, layout, n, str(device))
+        if key not in self._block_masks:
+            self._block_masks[key] = create_block_mask(
+                self.mask_mod(pattern, layout, device), None, None, n, n, device=device)
+        return self._block_masks[key]
+
+    def compiled(self) -> Callable[..., Tensor]:
+        """torch.compile(flex_attention), created on first use (importing this module
+        compiles nothing) behind a backend that counts what it compiles."""
+        if self._compiled is None:
+            from torch.nn.attention.flex_attention import flex_attention
+
+            backend = torch._dynamo.lookup_backend(self.backend)
+
+            def counting(graph: torch.fx.GraphModule, inputs: list[Tensor]) -> Callable:
+                self.compiles += 1
+                return backend(graph, inputs)
+
+            # No fullgraph: past the recompile limit it would raise mid-run instead of
+            # falling back to the unfused kernel.
+            self._compiled = torch.compile(flex_attention, backend=counting, dynamic=False)
+        return self._compiled
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout,
-                 dropout: float) -> Tensor:
-        from torch.nn.attention.flex_attention import flex_attention
+                 pattern: AttentionPattern) -> Tensor:
+        block_mask = self.block_mask(pattern, layout, q.shape[2], q.device)
+        if torch.compiler.is_compiling():
+            # Traced inside a compiled model: flex becomes part of that graph.
+            from torch.nn.attention.flex_attention import flex_attention
 
-        if self._kernel is None:
-            self._kernel = torch.compile(flex_attention, dynamic=False)
-        return self._kernel(q, k, v, block_mask=self.block_mask(layout, q.shape[2], q.device))
+            return flex_attention(q, k, v, block_mask=block_mask)
+        kernel = self.compiled()
+        signature = (pattern.key, layout, tuple(q.shape), str(q.device), q.dtype,
+                     torch.is_grad_enabled() and q.requires_grad)
+        if signature in self._signatures:  # compiled already: no limit to lift (the
+            return kernel(q, k, v, block_mask=block_mask)  # patch costs ~1 ms a call)
+        self._signatures.add(signature)
+        with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT):
+            return kernel(q, k, v, block_mask=block_mask)
+
+    def stats(self) -> dict[str, int]:
+        """compiles: graphs compiled; pairs: distinct (pattern, shape) pairs called with
+        (shape: layout and q's shape, per device); signatures: those also told apart by
+        dtype and grad mode (each may compile once); block_masks: masks built;
+        recompile_limit: the graphs dynamo keeps for flex, past which it runs flex unfused."""
+        pairs = {s[:4] for s in self._signatures}
+        return {"compiles": self.compiles, "pairs": len(pairs),
+                "signatures": len(self._signatures), "block_masks": len(self._block_masks),
+                "recompile_limit": FLEX_RECOMPILE_LIMIT}
+
+
+@functools.cache
+def flex_kernel() -> FlexKernel:
+    """The process's one FlexKernel (created on first use): one compiled kernel and one
+    mask cache shared by every layer of every model."""
+    return FlexKernel()
+
+
+def flex_compile_stats() -> dict[str, int]:
+    """What the shared kernel compiled and for how many (pattern, shape) pairs (see
+    FlexKernel.stats); the GPU acceptance run asserts compiles <= signatures."""
+    return flex_kernel().stats()
+
+
+def flex(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout: float,
+         pattern: AttentionPattern, kernel: FlexKernel | None = None) -> Tensor:
+    """FlexAttention through the shared compiled kernel (or `kernel`). It cannot drop out
+    attention probabilities, so it refuses dropout instead of ignoring it; resolve_impl
+    never sends a layer here while dropout is on."""
+    if dropout:
+        raise flex_dropout_error()
+    return (kernel or flex_kernel())(q, k, v, layout, pattern)

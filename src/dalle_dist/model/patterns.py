@@ -19,8 +19,10 @@ in every pattern; the pattern decides which earlier image cells an image query s
 
 from __future__ import annotations
 
+import functools
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -64,6 +66,19 @@ class AttentionPattern:
     def image_rule(self, layout: SequenceLayout, jq: Tensor, jk: Tensor) -> Tensor:
         """For an image query at cell jq and an earlier image key at cell jk."""
         raise NotImplementedError
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """The pattern's value: equal keys, equal rules (layers share FlexAttention masks
+        and their compiled kernel by it)."""
+        return (self.name,)
+
+    def bound_rule(self, layout: SequenceLayout,
+                   device: torch.device) -> Callable[[Tensor, Tensor], Tensor]:
+        """`allowed` for one layout and device, with any lookup table already fetched:
+        a traced caller (FlexAttention's mask_mod under torch.compile) then sees only
+        tensor arithmetic, never this object's caches."""
+        return functools.partial(self.allowed, layout)
 
     def mask(self, layout: SequenceLayout, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """Boolean [len(q_pos), len(k_pos)]."""
@@ -110,6 +125,10 @@ class ConvLikePattern(AttentionPattern):
         self.kernel_size, self.dilation = kernel_size, dilation
 
     @property
+    def key(self) -> tuple[object, ...]:
+        return (self.name, self.kernel_size, self.dilation)
+
+    @property
     def reach(self) -> int:
         """How many cells the window extends on each side."""
         return self.kernel_size // 2 * self.dilation
@@ -132,6 +151,10 @@ class SparsePattern(AttentionPattern):
             raise ConfigError(f"--sparse_random_blocks must be >= 0, got {random_blocks}")
         self.random_blocks, self.seed = random_blocks, seed
         self._layouts: dict[tuple[SequenceLayout, str], Tensor] = {}
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        return (self.name, self.random_blocks, self.seed)
 
     def num_random_blocks(self, layout: SequenceLayout) -> int:
         """DALLE-pytorch's default: a quarter of the sequence's blocks."""
@@ -159,10 +182,17 @@ class SparsePattern(AttentionPattern):
         return self._layouts[key]
 
     def allowed(self, layout: SequenceLayout, q: Tensor, k: Tensor) -> Tensor:
-        grid = self.block_layout(layout, q.device)
+        return self.allowed_by(self.block_layout(layout, q.device), q, k)
+
+    def allowed_by(self, grid: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        """The rule given the layout's block grid (`block_layout`)."""
         b = self.BLOCK
         q_block = torch.div(q, b, rounding_mode="floor")
         return (k <= q) & grid[q_block, torch.div(k, b, rounding_mode="floor")]
+
+    def bound_rule(self, layout: SequenceLayout,
+                   device: torch.device) -> Callable[[Tensor, Tensor], Tensor]:
+        return functools.partial(self.allowed_by, self.block_layout(layout, device))
 
 
 PATTERNS: dict[str, type[AttentionPattern]] = {
