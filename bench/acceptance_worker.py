@@ -48,7 +48,9 @@ def model_configs(model: dict[str, Any]) -> tuple[Any, Any]:
                         text_seq_len=model["text_seq_len"], num_image_tokens=vae.num_tokens,
                         image_fmap_size=vae.fmap_size, dim=model["dim"], depth=model["depth"],
                         heads=model["heads"], dim_head=model["dim_head"],
-                        attn_types=tuple(model.get("attn_types", ("full",))))
+                        attn_types=tuple(model.get("attn_types", ("full",))),
+                        attn_dropout=model.get("dropout", 0.0),
+                        ff_dropout=model.get("dropout", 0.0))
     return dalle, vae
 
 

@@ -52,6 +52,10 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+if (Path(__file__).resolve().parent.parent / "src" / "dalle_dist").is_dir():
+    # this checkout's code, as the launched ranks get it (a checkout mounted into the
+    # Docker image may differ from the package installed there)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 import acceptance_checks as checks
 from common import PEAK_DTYPES, device_matmul_peak
 
@@ -169,7 +173,8 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     paths = [str(ROOT / "src")] if (ROOT / "src" / "dalle_dist").is_dir() else []
     pythonpath = os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": pythonpath, **(extra or {})}
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    if os.access(sys.prefix, os.W_OK):  # not in the Docker image's system Python
+        env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     return env
 
 
@@ -219,9 +224,9 @@ def run_label(backend: str, stage: int | None) -> str:
     return backend if stage is None else f"{backend}-zero{stage}"
 
 
-def plan_rows(model: dict[str, Any], batch: int, device: torch.device) -> list[dict[str, Any]]:
-    """`dalle-dist plan --json` for the training checks' model and batch on one GPU."""
-    memory = torch.cuda.get_device_properties(device).total_memory
+def plan_rows(model: dict[str, Any], batch: int, memory: int) -> list[dict[str, Any]]:
+    """`dalle-dist plan --json` rows for the training checks' model and batch on one GPU
+    of `memory` bytes."""
     flags = [f"--{k}={v}" for k, v in model.items()]
     out = subprocess.run([sys.executable, "-m", "dalle_dist", "plan", "--json", *flags,
                           "--batch_size", str(batch), "--gpus", "1", "--device", "cuda",
@@ -254,7 +259,8 @@ def train_checks(report: Report, device: torch.device, quick: bool, peaks: dict[
     model = MODELS[device.type]
     batch, steps, warmup, log_every = (QUICK_CPU_TRAIN_SIZES if quick and not cuda
                                        else TRAIN_SIZES[device.type])
-    rows = plan_rows(model, batch, device) if cuda else []
+    rows = plan_rows(model, batch, torch.cuda.get_device_properties(device).total_memory) \
+        if cuda else []
     groups: dict[str, list[tuple[int | None, str]]] = {}
     skipped: dict[tuple[str, int | None, str], str] = {}
     for backend, stage in RUNS:
@@ -359,9 +365,11 @@ def resume_checks(report: Report, device: torch.device, quick: bool, folder: Pat
     cuda = device.type == "cuda"
     precisions = ("bf16", "fp16") if cuda else ("fp32",) if quick else ("fp32", "bf16")
     batch, steps, stop_at = (8, 12, 5) if cuda else (4, 6, 3)
+    # dropout on, so the random streams a resumed run restores decide the weights too
     base = {"kind": "resume", "backend": "single", "device": device.type,
-            "model": MODELS[device.type], "batch": batch, "steps": steps, "stop_at": stop_at,
-            "log_every": 1, "clip": 0.5, "deterministic": cuda}
+            "model": {**MODELS[device.type], "dropout": 0.1}, "batch": batch,
+            "steps": steps, "stop_at": stop_at, "log_every": 1, "clip": 0.5,
+            "deterministic": cuda}
     # cuBLAS repeats itself only with a fixed workspace (torch's deterministic mode asks it)
     env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"} if cuda else None
     phases = ("straight", "interrupted", "control") if cuda else ("straight", "interrupted")
