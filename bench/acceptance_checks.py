@@ -60,9 +60,10 @@ def _layer_run(layer: torch.nn.Module, x: torch.Tensor, grad_out: torch.Tensor, 
     """(output, input gradient, to_qkv weight gradient) of one forward (+ backward)."""
     x = x.detach().requires_grad_(backward)
     layer.zero_grad(set_to_none=True)
+    if not backward:  # no graph at all: FlexAttention refuses inputs that require grad on CPU
+        with torch.no_grad():
+            return layer(x, layout), None, None
     out = layer(x, layout)
-    if not backward:
-        return out.detach(), None, None
     (out.float() * grad_out).sum().backward()
     return out.detach(), x.grad, layer.to_qkv.weight.grad
 

@@ -68,9 +68,11 @@ def make_backend(spec: dict[str, Any]) -> Any:
     from dalle_dist.backends import DistributedConfig
     from dalle_dist.backends.registry import backend_from_config
 
+    # On CUDA the backend picks the rank's own GPU (cuda:LOCAL_RANK), as `train` does.
     settings = DistributedConfig(backend=spec["backend"], precision=spec["precision"],
                                  zero_stage=spec.get("zero_stage") or 0,
-                                 device=spec["device"], clip_grad_norm=spec["clip"])
+                                 device=None if spec["device"] == "cuda" else spec["device"],
+                                 clip_grad_norm=spec["clip"])
     backend = backend_from_config(settings)
     backend.initialize()
     backend.check_config(spec["batch"])
