@@ -11,7 +11,10 @@ BASE := $(VENV)/.installed
 ENGINES := $(VENV)/.installed-engines
 DEMO_DIR ?= demo
 
-.PHONY: demo test lint bench clean
+DEEPSPEED := $(VENV)/.installed-deepspeed
+GPU_CHECK_OUT ?= gpu-acceptance.json
+
+.PHONY: demo test lint bench gpu-check clean
 
 $(BASE): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +22,10 @@ $(BASE): pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(BASE)
+
+$(DEEPSPEED): $(BASE)
+	$(BIN)/pip install --quiet -e '.[dev,deepspeed]'
+	touch $(DEEPSPEED)
 
 $(ENGINES): $(BASE) scripts/build_horovod.sh
 	scripts/build_horovod.sh $(BIN)/python
@@ -39,5 +46,12 @@ test: $(ENGINES) lint
 bench: $(BASE)
 	$(BIN)/python bench/train_step.py
 
+# The acceptance run for a GPU machine: one PASS / FAIL / "not run" line per check, the
+# report in $(GPU_CHECK_OUT), exit status 1 when a check fails; at most 8 minutes on one GPU.
+# Without a GPU it runs the CPU checks (its --quick form is part of `make test`). On a GPU
+# machine put the CUDA build of torch into .venv first (README: "GPU acceptance run").
+gpu-check: $(DEEPSPEED)
+	$(BIN)/python bench/gpu_acceptance.py --out $(GPU_CHECK_OUT)
+
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .ruff_cache $(GPU_CHECK_OUT)
