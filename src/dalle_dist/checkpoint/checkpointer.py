@@ -63,7 +63,8 @@ class Checkpointer:
         """Save now. Collective: every rank's RNG states go into the root's file."""
         backend, engine = self.backend, self.engine
         with backend.waiting(f"the checkpoint save at step {state.step}"):
-            rng = backend.all_gather_object(capture_rng(), "the RNG-state gather")
+            rng = backend.all_gather_object(capture_rng(backend.device),
+                                            "the RNG-state gather")
             meta = checkpoint_meta(self.subject.kind, self.subject.configs(), asdict(state),
                                    rng, backend.name, backend.world_size,
                                    precision=backend.precision_name,
