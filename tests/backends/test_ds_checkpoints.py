@@ -8,7 +8,7 @@ single backend directly (its weights consolidated with DeepSpeed's zero_to_fp32)
 
 Periodic saves write the tag alone: `dalle.pt` (a gather of every weight to rank 0 under
 ZeRO-3) is written before the first step, on the stop and at the end, which each run is
-watched for while it trains (assert_single_file_from).
+watched for while it trains (assert_single_file_while_running).
 
 The oracle for that single-backend resume is the stopped run's own weights, not an
 uninterrupted run: the single backend starts a fresh optimizer and reseeds the RNG (one
@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,14 +56,24 @@ def ds_cmd(*args: str) -> list[str]:
             str(launch.free_port()), "--module", "dalle_dist", *args]
 
 
-def assert_single_file_from(run: Path, step: int) -> None:
-    """While a run trains past periodic saves, `dalle.pt` is still the one of `step` (its
-    start, or the stop it resumed from). `latest` is read first: every save writes
-    `dalle.pt` before it moves `latest`, so a periodic save that wrote it (and gathered a
-    ZeRO-3 model for it) would leave it at least as new as that tag."""
-    newest = tag_step((run / "dalle-ds-cp" / "latest").read_text().strip())
-    single = torch.load(run / "dalle.pt", weights_only=True)["step"]
-    assert single == step < newest, f"dalle.pt at step {single}, newest tag at {newest}"
+def assert_single_file_while_running(proc: subprocess.Popen[str], run: Path, past: int,
+                                     single_step: int, after_line: int = 0) -> None:
+    """Once the run has logged step `past`, after periodic saves, `dalle.pt` is still the
+    one of `single_step` (its start, or the stop it resumed from). `latest` is read first:
+    every save writes `dalle.pt` before it moves `latest`, so a periodic save that wrote it
+    (and gathered a ZeRO-3 model for it) would leave it at least as new as that tag.
+    On a failure the launcher and its ranks end too, instead of training on after the test.
+    """
+    try:
+        launch.wait_for_step(proc, run / "dalle.metrics.jsonl", past, after_line=after_line)
+        newest = tag_step((run / "dalle-ds-cp" / "latest").read_text().strip())
+        single = torch.load(run / "dalle.pt", weights_only=True)["step"]
+        assert single == single_step < newest, \
+            f"dalle.pt at step {single}, newest tag at {newest}"
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
 
 
 def assert_close_weights(got: Path, expected: Path) -> None:
@@ -87,8 +98,7 @@ def test_zero_directory_stops_resumes_and_serves_single(stage: str, tiny_vae: Pa
     run = tmp_path / "run"
     run.mkdir()
     proc = spawn(ds_cmd(*args), run)
-    launch.wait_for_step(proc, run / "dalle.metrics.jsonl", 8)
-    assert_single_file_from(run, 0)  # the periodic save at step 6 wrote no dalle.pt
+    assert_single_file_while_running(proc, run, 8, 0)  # the save at step 6 wrote no dalle.pt
     os.killpg(proc.pid, signal.SIGTERM)
     _, out = finish(proc)
     assert out.count("stopped by SIGTERM after step") == 1, out[-3000:]  # printed by rank 0
@@ -139,9 +149,8 @@ def test_zero_directory_stops_resumes_and_serves_single(stage: str, tiny_vae: Pa
     logged = len(launch.logged_steps(run / "dalle.metrics.jsonl"))
     proc = spawn(ds_cmd(*args), run)
     # Past the first epoch's end (step 20): neither it nor the periodic saves wrote dalle.pt.
-    launch.wait_for_step(proc, run / "dalle.metrics.jsonl", STEPS_PER_EPOCH + 1,
-                         after_line=logged)
-    assert_single_file_from(run, stopped_at)
+    assert_single_file_while_running(proc, run, STEPS_PER_EPOCH + 1, stopped_at,
+                                     after_line=logged)
     status, out = finish(proc)
     assert status == 0, out[-3000:]
     assert f"resuming dalle-ds-cp at step {stopped_at}" in out
