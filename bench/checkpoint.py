@@ -13,7 +13,9 @@ and the median of --repeats repetitions reported (every repetition is listed too
 
 - save_s: checkpoint.checkpointer.Checkpointer.save, as the loop calls it (keep_n=2, a
   new step each time, so DeepSpeed writes a new tag): NAME.pt for the file backends;
-  NAME-ds-cp/<tag>/ and NAME.pt for DeepSpeed.
+  NAME-ds-cp/<tag>/ and NAME.pt for DeepSpeed (its save at a stop or the run's end).
+- periodic_save_s (DeepSpeed): Checkpointer.save(periodic=True), its save every N steps:
+  the tag alone, without NAME.pt and the whole-model gather it needs under ZeRO-3.
 - resume_s: what a resumed run does before its first step: load_checkpoint (NAME.pt, or
   the NAME-ds-cp directory unconsolidated for DeepSpeed), rebuild config, VAE and tokenizer
   from it (dalle_parts), a fresh DALLETask with the weights loaded when the payload has
@@ -171,10 +173,15 @@ def rank_main(name: str, args: argparse.Namespace) -> None:
         paths = RunPaths(tmp_dir / "bench.pt")
 
         checkpointer = Checkpointer(paths.checkpoint, task, engine, backend, keep_n=2)
-        save_times = []
+        save_times, periodic_times = [], []
         for i in range(args.repeats):
             state = LoopState(step=steps + i, epoch=0, batch=steps + i)
             save_times.append(timed(checkpointer.save, state))
+        if is_ds:  # a periodic save writes the tag alone (no NAME.pt, no ZeRO-3 gather)
+            for i in range(args.repeats):
+                state = LoopState(step=steps + args.repeats + i, epoch=0,
+                                  batch=steps + args.repeats + i)
+                periodic_times.append(timed(checkpointer.save, state, periodic=True))
         del task, engine, checkpointer
         gc.collect()
 
@@ -235,7 +242,9 @@ def rank_main(name: str, args: argparse.Namespace) -> None:
                 result.update(ds_tag=tag, ds_tag_mb=round(tree_bytes(directory / tag) / MB, 3),
                               ds_tag_bytes=tree_bytes(directory / tag),
                               consolidate_s=round(statistics.median(times), 4),
-                              consolidate_all_s=[round(t, 4) for t in times])
+                              consolidate_all_s=[round(t, 4) for t in times],
+                              periodic_save_s=round(statistics.median(periodic_times), 4),
+                              periodic_save_all_s=[round(t, 4) for t in periodic_times])
         backend.barrier("bench")  # nobody removes the directory while rank 0 reads it
         resumed.clear()
         gc.collect()

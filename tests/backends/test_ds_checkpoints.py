@@ -6,6 +6,10 @@ uninterrupted run ends (allclose: DeepSpeed's reductions are not bitwise reprodu
 across a restart). The stopped directory also samples with `generate` and resumes on the
 single backend directly (its weights consolidated with DeepSpeed's zero_to_fp32).
 
+Periodic saves write the tag alone: `dalle.pt` (a gather of every weight to rank 0 under
+ZeRO-3) is written before the first step, on the stop and at the end, which each run is
+watched for while it trains (assert_single_file_while_running).
+
 The oracle for that single-backend resume is the stopped run's own weights, not an
 uninterrupted run: the single backend starts a fresh optimizer and reseeds the RNG (one
 rank instead of two), so it cannot retrace either DeepSpeed run; what it must do is start
@@ -19,11 +23,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from dalle_dist.checkpoint.deepspeed_dir import tag_step
 from tests import launch
 from tests.conftest import TINY_DALLE_FLAGS, assert_user_error, run_cli
 from tests.train.test_resume import finish, spawn
@@ -50,6 +56,26 @@ def ds_cmd(*args: str) -> list[str]:
             str(launch.free_port()), "--module", "dalle_dist", *args]
 
 
+def assert_single_file_while_running(proc: subprocess.Popen[str], run: Path, past: int,
+                                     single_step: int, after_line: int = 0) -> None:
+    """Once the run has logged step `past`, after periodic saves, `dalle.pt` is still the
+    one of `single_step` (its start, or the stop it resumed from). `latest` is read first:
+    every save writes `dalle.pt` before it moves `latest`, so a periodic save that wrote it
+    (and gathered a ZeRO-3 model for it) would leave it at least as new as that tag.
+    On a failure the launcher and its ranks end too, instead of training on after the test.
+    """
+    try:
+        launch.wait_for_step(proc, run / "dalle.metrics.jsonl", past, after_line=after_line)
+        newest = tag_step((run / "dalle-ds-cp" / "latest").read_text().strip())
+        single = torch.load(run / "dalle.pt", weights_only=True)["step"]
+        assert single == single_step < newest, \
+            f"dalle.pt at step {single}, newest tag at {newest}"
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+
+
 def assert_close_weights(got: Path, expected: Path) -> None:
     a = torch.load(got, weights_only=True)
     b = torch.load(expected, weights_only=True)
@@ -72,7 +98,7 @@ def test_zero_directory_stops_resumes_and_serves_single(stage: str, tiny_vae: Pa
     run = tmp_path / "run"
     run.mkdir()
     proc = spawn(ds_cmd(*args), run)
-    launch.wait_for_step(proc, run / "dalle.metrics.jsonl", 8)
+    assert_single_file_while_running(proc, run, 8, 0)  # the save at step 6 wrote no dalle.pt
     os.killpg(proc.pid, signal.SIGTERM)
     _, out = finish(proc)
     assert out.count("stopped by SIGTERM after step") == 1, out[-3000:]  # printed by rank 0
@@ -120,10 +146,15 @@ def test_zero_directory_stops_resumes_and_serves_single(stage: str, tiny_vae: Pa
     for file in broken.glob("*.pt"):
         file.write_bytes(file.read_bytes()[:100])
 
-    status, out = finish(spawn(ds_cmd(*args), run))
+    logged = len(launch.logged_steps(run / "dalle.metrics.jsonl"))
+    proc = spawn(ds_cmd(*args), run)
+    # Past the first epoch's end (step 20): neither it nor the periodic saves wrote dalle.pt.
+    assert_single_file_while_running(proc, run, STEPS_PER_EPOCH + 1, stopped_at,
+                                     after_line=logged)
+    status, out = finish(proc)
     assert status == 0, out[-3000:]
     assert f"resuming dalle-ds-cp at step {stopped_at}" in out
-    assert_close_weights(run / "dalle.pt", reference / "dalle.pt")
+    assert_close_weights(run / "dalle.pt", reference / "dalle.pt")  # written at the end
 
 
 def test_a_pickled_payload_in_a_deepspeed_directory_never_runs(tmp_path: Path,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
@@ -50,6 +52,35 @@ def _replicated(norm: torch.Tensor) -> torch.Tensor:
     partial sums are reduced on the device, with no host synchronisation."""
     full_tensor = getattr(norm, "full_tensor", None)
     return full_tensor() if callable(full_tensor) else norm
+
+
+def rank_device(local_rank: int, local_ranks: int, gpus: int, launch: str,
+                cuda_visible_devices: str | None = None) -> torch.device:
+    """Local rank `local_rank`'s own GPU, `cuda:local_rank` (the CPU when `gpus` is 0).
+
+    `local_ranks` ranks on a machine with `gpus` visible GPUs need one GPU each; with
+    fewer GPUs this raises instead of doubling up (the old `local_rank % gpus` put two
+    ranks on one GPU: two models and optimizers in its memory, and NCCL stopping at its
+    first collective with "Duplicate GPU detected"). Every input is a count all ranks of a
+    machine see alike, so all of them raise, before any of them waits for another.
+
+    launch: the backend's launch line with N for the number of ranks (its launch_hint),
+    shown with N = gpus as the fix. cuda_visible_devices: this rank's CUDA_VISIBLE_DEVICES;
+    one GPU listed there may be a scheduler's per-rank binding (each rank sees its own GPU
+    as cuda:0), which the user states with --device cuda:0.
+    """
+    if gpus <= 0:
+        return torch.device("cpu")
+    ranks = max(local_ranks, local_rank + 1)
+    if ranks > gpus:
+        line = re.sub(r"\bN\b", str(gpus), launch)
+        fix = f"start at most {gpus} rank(s) per machine, one per GPU: {line}"
+        if gpus == 1 and cuda_visible_devices:
+            fix += ("; or, where each rank sees a GPU of its own through "
+                    "CUDA_VISIBLE_DEVICES, pass --device cuda:0")
+        raise ConfigError(f"{ranks} ranks on this machine but {gpus} visible GPU(s): "
+                          "ranks would have to share a GPU", fix)
+    return torch.device("cuda", local_rank)
 
 
 def optimizer_state_by_index(named: dict[str, Any], module: nn.Module,
@@ -284,6 +315,7 @@ class DistributedBackend(ABC):
         self.collective_timeout = float(settings.collective_timeout)
         self.world_size, self.rank, self.local_rank = 1, 0, 0
         self.local_world_size = 1
+        self._device: torch.device | None = None
         self._watch: CollectiveWatch | None = None
 
     # -- without an engine -------------------------------------------------------------
@@ -324,11 +356,36 @@ class DistributedBackend(ABC):
 
     @property
     def device(self) -> torch.device:
-        if self.requested_device is not None:
-            return self.requested_device
-        if torch.cuda.is_available():
-            return torch.device("cuda", self.local_rank % torch.cuda.device_count())
-        return torch.device("cpu")
+        """This rank's device, chosen once by select_device (initialize() chooses it)."""
+        if self._device is None:
+            return self.select_device(self.local_world_size)
+        return self._device
+
+    def select_device(self, local_ranks: int | None) -> torch.device:
+        """Choose this rank's device: --device as given, but `cuda` without an index (or no
+        --device on a machine with GPUs) is the rank's own GPU, refused with a ConfigError
+        when this machine runs more ranks than it has GPUs (rank_device). Called by
+        initialize() once the ranks are known, before the process group is joined.
+
+        local_ranks: the ranks on this machine, None when the launcher does not say (then
+        only the ranks past the last GPU can tell, and the others time out waiting).
+        """
+        requested = self.requested_device
+        if requested is not None and (requested.type != "cuda" or requested.index is not None):
+            device = requested
+        elif not torch.cuda.is_available():
+            device = requested or torch.device("cpu")
+        else:
+            device = rank_device(self.local_rank, local_ranks or self.local_rank + 1,
+                                 torch.cuda.device_count(), self.launch_line(),
+                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self._device = device
+        return device
+
+    def launch_line(self) -> str:
+        """How to start this backend, with N for the number of ranks (launch_hint without
+        its bracketed note)."""
+        return self.launch_hint.split(" (")[0].replace("NAME", self.name)
 
     # -- waiting for the other ranks (DESIGN.md, "No silent hangs") ----------------------
 

@@ -119,7 +119,9 @@ class HorovodBackend(DistributedBackend):
         hvd.init()
         self.rank, self.world_size = hvd.rank(), hvd.size()
         self.local_rank, self.local_world_size = hvd.local_rank(), hvd.local_size()
-        device = self.device
+        # Every local rank has passed hvd.init's rendezvous and none waits on another yet:
+        # a machine with too few GPUs stops all its ranks here.
+        device = self.select_device(self.local_world_size)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         else:

@@ -7,6 +7,7 @@ MASTER_PORT) starts the processes; gloo carries CPU tensors, nccl CUDA ones.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -35,6 +36,13 @@ def restart_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
         store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout,
                               multi_tenant=True)
     return dist.PrefixStore(f"dalle_dist/attempt_{attempt}", store)
+
+
+def local_ranks_from_env(environ: Mapping[str, str]) -> int | None:
+    """How many ranks the launcher started on this machine: torchrun says LOCAL_WORLD_SIZE,
+    the deepspeed launcher LOCAL_SIZE; None when neither does (a launcher of one's own)."""
+    local = environ.get("LOCAL_WORLD_SIZE") or environ.get("LOCAL_SIZE")
+    return int(local) if local else None
 
 
 def set_cpu_threads(local_world_size: int) -> None:
@@ -71,8 +79,10 @@ class TorchDistributedBackend(DistributedBackend):
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ["LOCAL_RANK"])
-        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
-        device = self.device
+        local = local_ranks_from_env(os.environ)
+        self.local_world_size = local or self.world_size
+        # Before the group is joined: a machine with too few GPUs stops all its ranks here.
+        device = self.select_device(local)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         else:

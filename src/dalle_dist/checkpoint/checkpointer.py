@@ -16,6 +16,13 @@ Where it writes is the engine's business only in what it holds: a DeepSpeed engi
 its optimizer partitions in `<name>-ds-cp/` (checkpoint/deepspeed_dir.py), every other
 engine writes one file (checkpoint/single_file.py); `keep_n` (--keep_n_checkpoints)
 prunes either kind.
+
+A DeepSpeed engine's periodic saves (every N steps, and the ends of epochs before the
+last) write its tag alone: the single file `NAME.pt` beside the directory needs the whole
+model on the root, a gather of every 16-bit weight under ZeRO-3, for a file a resumed run
+does not read (the directory wins, checkpoint/resume.py). `NAME.pt` is written at the save
+before step 1 (which also replaces an earlier run's file under --overwrite), on a stop and
+at the end of the run; `dalle-dist checkpoint convert` makes one from any tag on demand.
 """
 
 from __future__ import annotations
@@ -49,27 +56,36 @@ class Checkpointer:
     def __init__(self, path: Path, subject: Checkpointed, engine: Engine,
                  backend: DistributedBackend, *, every_n_steps: int = 0,
                  keep_n: int | None = None, save_first: bool = True,
-                 after_first_save: Callable[[], None] | None = None) -> None:
+                 after_first_save: Callable[[], None] | None = None,
+                 epochs: int | None = None) -> None:
         """path: the single file `NAME.pt` (a DeepSpeed run also writes `NAME-ds-cp/`);
         every_n_steps: 0 saves at epoch ends only; keep_n: None keeps the newest single
         file and every DeepSpeed tag; save_first: False when resuming from this run's
-        own newest checkpoint."""
+        own newest checkpoint; epochs: the run's number of epochs, so the save after the
+        last is known as the end (None: every epoch end is treated as one)."""
         self.path = path
         self.subject, self.engine, self.backend = subject, engine, backend
         self.every_n_steps, self.keep_n = every_n_steps, keep_n
         self.save_first, self.after_first_save = save_first, after_first_save
+        self.epochs = epochs
 
-    def save(self, state: LoopState) -> None:
-        """Save now. Collective: every rank's RNG states go into the root's file."""
+    def save(self, state: LoopState, *, periodic: bool = False) -> None:
+        """Save now. Collective: every rank's RNG states go into the root's file.
+
+        periodic: a save on the way (every N steps, an epoch end before the last): a
+        DeepSpeed engine then writes its tag without the single file (module docstring).
+        """
         backend, engine = self.backend, self.engine
         with backend.waiting(f"the checkpoint save at step {state.step}"):
-            rng = backend.all_gather_object(capture_rng(), "the RNG-state gather")
+            rng = backend.all_gather_object(capture_rng(backend.device),
+                                            "the RNG-state gather")
             meta = checkpoint_meta(self.subject.kind, self.subject.configs(), asdict(state),
                                    rng, backend.name, backend.world_size,
                                    precision=backend.precision_name,
                                    **self.subject.extra_state())
             if engine.has_native_checkpoint:
-                save_ds_checkpoint(engine, self.path, meta, self.keep_n)
+                save_ds_checkpoint(engine, self.path, meta, self.keep_n,
+                                   single_file=not periodic)
             else:
                 save_single_file(engine, self.path, meta, self.keep_n)
             backend.barrier("the barrier after the root's write")
@@ -88,8 +104,11 @@ class Checkpointer:
         epoch_done: this was the epoch's last step (its save is after_epoch's);
         stopping: a rank was asked to stop, and the loop ends after this step.
         """
-        if stopping or self.periodic_save_due(state.step, epoch_done=epoch_done):
+        if stopping:
             self.save(state)
+            return True
+        if self.periodic_save_due(state.step, epoch_done=epoch_done):
+            self.save(state, periodic=True)
             return True
         return False
 
@@ -100,5 +119,6 @@ class Checkpointer:
         return due and not epoch_done
 
     def after_epoch(self, state: LoopState) -> None:
-        """The epoch-end save (after the epoch's scheduler step); the last is the run's end."""
-        self.save(state)
+        """The epoch-end save (after the epoch's scheduler step, `state.epoch` already
+        counting the finished epoch); the last is the run's end."""
+        self.save(state, periodic=self.epochs is not None and state.epoch < self.epochs)

@@ -186,10 +186,12 @@ def publish_tag(directory: Path, tag: str, keep_n: int | None) -> None:
 
 
 def save_ds_checkpoint(engine: Engine, path: Path, meta: dict[str, Any],
-                       keep_n: int | None) -> None:
-    """DeepSpeed's own tag (all ranks), our metadata in it and beside it, a single
-    weights file (root), and only then `latest`: a save cut short anywhere leaves
-    `latest` naming the previous complete tag. keep_n: the newest N tags stay."""
+                       keep_n: int | None, single_file: bool = True) -> None:
+    """DeepSpeed's own tag (all ranks), our metadata in it and beside it, the single
+    weights file `path` (root) when `single_file`, and only then `latest`: a save cut
+    short anywhere leaves `latest` naming the previous complete tag. keep_n: the newest N
+    tags stay. single_file=False skips the whole-model gather to the root (under ZeRO-3
+    every 16-bit weight) that `path` needs: periodic saves (checkpoint/checkpointer.py)."""
     import torch.distributed as dist
 
     directory = ds_checkpoint_dir(path)
@@ -202,12 +204,13 @@ def save_ds_checkpoint(engine: Engine, path: Path, meta: dict[str, Any],
         shutil.rmtree(directory / tag)  # left by a save that never finished
     dist.barrier()
     engine.save_native(directory, tag, client_state={"step": meta["step"]})
-    weights = engine.full_state_dict()
+    weights = engine.full_state_dict() if single_file else None  # collective under ZeRO-3
     if engine.is_root:
         aux = {**meta, **engine.training_state()}
         with engine.working_alone():
             write_tag_meta(directory, tag, aux)
-            write_checkpoint_file(path, {**aux, "weights": weights, "optimizer": None})
+            if single_file:
+                write_checkpoint_file(path, {**aux, "weights": weights, "optimizer": None})
     dist.barrier()  # every rank's partition files are written
     if engine.is_root:
         with engine.working_alone():

@@ -302,7 +302,7 @@ def restore_training(payload: dict[str, Any], engine: Engine, backend: Distribut
         log.info(f"warning: --batch_size {batch_size} differs from the "
                  f"checkpoint's {saved_batch}: the epoch goes on from batch {state.batch}")
     exact = restore_rank_rng(payload["rng"], backend.rank, backend.world_size,
-                             seed + state.step)
+                             seed + state.step, backend.device)
     if not exact:
         log.info(f"warning: the checkpoint was saved by {payload['world_size']} rank(s), this "
                  f"run has {backend.world_size}: random states reseeded (the run continues, "

@@ -216,7 +216,7 @@ class RunSetup:
         checkpointer = Checkpointer(
             self.paths.checkpoint, task, engine, backend,
             every_n_steps=train_cfg.save_every_n_steps, keep_n=self.resume.keep_n_checkpoints,
-            save_first=not self.start.own,
+            save_first=not self.start.own, epochs=train_cfg.epochs,
             after_first_save=None if replaces is None else lambda: replaces.discard(log))
         train(task, engine, backend, loader, train_cfg, self.paths, log, state, checkpointer)
         return engine

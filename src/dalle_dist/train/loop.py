@@ -164,7 +164,8 @@ def train(task: Task, engine: Engine, backend: DistributedBackend,
     set-up, they end the process as usual: there is nothing to save yet.
     """
     checkpointer = checkpointer or Checkpointer(paths.checkpoint, task, engine, backend,
-                                                every_n_steps=config.save_every_n_steps)
+                                                every_n_steps=config.save_every_n_steps,
+                                                epochs=config.epochs)
     try:
         with stop_on_signals():
             return _train(task, engine, backend, data, config, paths, log,
