@@ -169,8 +169,7 @@ class Engine:
         (None: no clipping). Never waits for the device: the norm is read at log steps."""
         if not max_norm:
             return None
-        if self.precision.scaler is not None:
-            self.precision.scaler.unscale_(self.optimizer)
+        self._unscale()
         return _replicated(torch.nn.utils.clip_grad_norm_(self._parameters_to_clip(), max_norm))
 
     def clip_and_step(self, max_norm: float | None) -> torch.Tensor | None:
@@ -182,13 +181,31 @@ class Engine:
         self.step()
         return norm
 
+    #: fp16: the gradients of this step were unscaled already (by clipping)
+    _unscaled: bool = False
+
+    def _unscale(self) -> None:
+        """fp16: divide the gradients by the loss scale and record whether any is inf/nan,
+        once per optimizer step, before clipping and before the step (a no-op without a
+        scaler). Every rank must find the same: a step is skipped on all ranks or on none.
+        DDP's averaged gradients carry an inf to every rank, FSDP2's DTensor gradients
+        all-reduce found-inf in GradScaler's unscale; engines whose gradients may still be
+        in flight override it to wait for them first (Horovod)."""
+        scaler = self.precision.scaler
+        if scaler is None or self._unscaled:
+            return
+        scaler.unscale_(self.optimizer)
+        self._unscaled = True
+
     def step(self) -> None:
         scaler = self.precision.scaler
         if scaler is None:
             self.optimizer.step()
         else:
+            self._unscale()  # before scaler.step, which would unscale without the hook
             scaler.step(self.optimizer)
             scaler.update()
+            self._unscaled = False
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -1,4 +1,25 @@
-"""`fsdp`: FSDP2 (`fully_shard`) per shard unit (transformer block) and on the root module.
+"""`fsdp`: FSDP2 (`fully_shard`) per shard unit (transformer block) and on the root module,
+applied the way torchtitan applies it.
+
+No rank ever holds the whole model on its device: the model the task built on the CPU
+becomes a skeleton on the meta device, is sharded there, and each rank materialises only
+its own shards (`to_empty`) and fills them from its CPU copy. The initial weights come
+from identical seeding, not from a broadcast: every rank builds the model from the same
+--seed, or reads the same checkpoint, before it gets here (train/commands.py). One gather
+of a digest per rank checks that they really agree, since a rank that drew different
+weights would otherwise train a shard of a different model, which the per-rank shard
+digests at the end cannot show.
+
+bf16 and fp16 gather parameters in that dtype and reduce gradients in fp32
+(`MixedPrecisionPolicy`, on every `fully_shard` call). Autocast stays on as on the other
+backends: the policy decides what the all-gather moves, autocast decides which ops run in
+fp32 (softmax, layer norm and the loss, computed inside our models' forward; torchtitan
+can rely on the policy alone because its models upcast there themselves).
+
+fp16's found-inf: the ranks hold different gradient shards. torch's GradScaler unscales
+DTensor gradients through DTensor's `found_inf_reduce_handler`, which all-reduces found-inf
+with MAX over the mesh, so every rank skips the same steps (tests/backends/
+test_fp16_agreement.py proves it with an inf in one rank's gradient).
 
 Parameters become sharded DTensors, so the optimizer is built after sharding. Single-file
 checkpoints gather the full state on rank 0 (torch.distributed.checkpoint.state_dict).
@@ -19,14 +40,61 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from dalle_dist.backends.base import Engine, OptimizerFactory, SchedulerFactory, parameter_digest
 from dalle_dist.backends.plan_terms import PlanTerms
-from dalle_dist.backends.precision import Precision
+from dalle_dist.backends.precision import PRECISION_KINDS, Precision
 from dalle_dist.backends.torch_dist import TorchDistributedBackend
+from dalle_dist.errors import DalleDistError
 
 _FULL_ON_ROOT = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def mixed_precision_policy(precision_name: str) -> MixedPrecisionPolicy:
+    """Gather parameters in the precision's dtype (fp32 when it has none), reduce gradients
+    in fp32: summing over ranks in bf16 would lose the low bits of every gradient."""
+    dtype = PRECISION_KINDS[precision_name].dtype
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def rank_chunk(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """`rank`'s part of `full` under FSDP2's Shard(0): torch.chunk's split, with ranks past
+    the last chunk holding an empty one (a dimension smaller than the world)."""
+    chunks = torch.chunk(full, world_size, dim=0)
+    if rank < len(chunks):
+        return chunks[rank]
+    return full.new_empty((0, *full.shape[1:]))
+
+
+def shard_onto(module: nn.Module, units: Sequence[nn.Module], device: torch.device,
+               policy: MixedPrecisionPolicy, rank: int, world_size: int) -> None:
+    """Shard `module` (on the CPU, weights set) over `world_size` ranks on `device`, in
+    place: each rank allocates and copies only its own shards.
+
+    The CPU tensors are kept aside, the module goes to the meta device (no storage),
+    `fully_shard` splits the skeleton, `to_empty` allocates this rank's shards on the
+    device, and each is filled with its chunk of the CPU tensor (only that chunk crosses
+    to the device). Buffers are not sharded: each rank gets its copy back.
+    """
+    params = {name: param.detach() for name, param in module.named_parameters()}
+    buffers = {name: buffer.detach() for name, buffer in module.named_buffers()}
+    module.to("meta")
+    mesh = init_device_mesh(device.type, (world_size,))
+    for unit in units:
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    fully_shard(module, mesh=mesh, mp_policy=policy)
+    module.to_empty(device=device)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            local, chunk = param.to_local(), rank_chunk(params[name], rank, world_size)
+            if local.shape != chunk.shape:  # FSDP2 split differently from torch.chunk
+                raise RuntimeError(f"{name}: shard {tuple(local.shape)} on rank {rank}, "
+                                   f"expected {tuple(chunk.shape)}")
+            local.copy_(chunk)
+        for name, buffer in module.named_buffers():
+            buffer.copy_(buffers[name])
 
 
 class FSDPEngine(Engine):
@@ -67,17 +135,25 @@ class FSDPBackend(TorchDistributedBackend):
     list_position = 2
     plan_terms = PlanTerms("FSDP", cost_rank=(6,), sharding="fully_shard")
 
+    def check_same_weights(self, module: nn.Module) -> None:
+        """Every rank built the same initial weights (one gather of a 16-character digest
+        per rank; the weights themselves never travel)."""
+        digests = self.all_gather_object(parameter_digest(module.state_dict()),
+                                         "the initial weight digests")
+        if len(set(digests)) > 1:
+            raise DalleDistError(
+                f"the ranks built different initial weights (digests {', '.join(digests)})",
+                "every rank must use the same --seed and read the same checkpoint file; "
+                "resume from a file all nodes share")
+
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
                    make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),
                    clip_grad_norm: float | None = None) -> Engine:
         device = self.device
-        module = module.to(device)
-        # Rank 0's initial weights for everyone, as DDP does, before they are sharded.
-        for tensor in [*module.parameters(), *module.buffers()]:
-            torch.distributed.broadcast(tensor.data, src=0)
-        for unit in shard_units:
-            fully_shard(unit)
-        fully_shard(module)
+        if self.world_size > 1:
+            self.check_same_weights(module)
+        shard_onto(module, shard_units, device, mixed_precision_policy(self.precision_name),
+                   self.rank, self.world_size)
         optimizer = make_optimizer(module.parameters())
         # Apex amp cannot wrap a sharded model: FSDP always uses native autocast.
         return FSDPEngine(module, optimizer, make_scheduler(optimizer),

@@ -8,7 +8,6 @@ Horovod is imported only inside methods.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 from collections.abc import Sequence
@@ -27,26 +26,40 @@ FUSION_BUFFER_BYTES = 64 * 2**20
 
 
 class HorovodEngine(Engine):
-    """Gradients are all-reduced asynchronously during backward; clipping must wait for them.
+    """Gradients are all-reduced asynchronously during backward, in place: whatever reads
+    them (clipping, fp16's unscale and inf check) must wait for them.
 
-    So clip_grad_norm synchronizes first, and step then skips the synchronization it
-    would otherwise do itself.
+    So every optimizer step synchronizes first, before clipping or unscaling, and steps
+    Horovod's optimizer inside skip_synchronize (its own step would synchronize again, and
+    all-reduce every gradient a second time). fp16 needs the wait twice over: unscaling a
+    gradient Horovod is still writing races with the all-reduce, and a rank that read its
+    own inf before the average reached the others would skip a step they take. After it,
+    an inf on one rank is in every rank's averaged gradient, so all skip together.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.synchronized = False
 
+    def _synchronize(self) -> None:
+        """Wait for this step's gradient all-reduces (once per step)."""
+        if not self.synchronized:
+            self.optimizer.synchronize()
+            self.synchronized = True
+
+    def _unscale(self) -> None:
+        self._synchronize()
+        super()._unscale()
+
     def clip_grad_norm(self, max_norm: float | None) -> torch.Tensor | None:
         if not max_norm:
             return None
-        self.optimizer.synchronize()
-        self.synchronized = True
+        self._synchronize()
         return super().clip_grad_norm(max_norm)
 
     def step(self) -> None:
-        skip = self.optimizer.skip_synchronize() if self.synchronized else contextlib.nullcontext()
-        with skip:
+        self._synchronize()
+        with self.optimizer.skip_synchronize():
             super().step()
         self.synchronized = False
 
