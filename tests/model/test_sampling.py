@@ -145,9 +145,9 @@ def test_static_cache_equals_uncached_for_every_pattern(attn_types: tuple[str, .
     """One decoder, reused for two batches of captions (batch 3), against the uncached
     reference that re-runs the whole sequence through the training path.
 
-    Bugs: a wrong row of the pattern's mask for the decoded position (seen: off by the
-    text length), an unwritten cache slot left visible, keys written at the wrong position,
-    a second call reading the first call's cache.
+    Bugs: a wrong row of the pattern's mask for the decoded position (seen failing for
+    every pattern with the previous position's row), an unwritten cache slot left visible,
+    keys written at the wrong position.
     """
     model = _small_model(attn_types)
     decoder = StaticDecoder(model, 3)
