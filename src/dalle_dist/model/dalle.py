@@ -153,7 +153,8 @@ class DALLE(nn.Module):
         the reference the cache must match token for token.
         """
         if use_cache:
-            decoder = decoder or StaticDecoder(self, text.shape[0])
+            if decoder is None:
+                decoder = StaticDecoder(self, text.shape[0])
             if decoder.model is not self:
                 raise ValueError("the decoder was built for another model")
             return decoder.sample(text, filter_thres, temperature, generator)
