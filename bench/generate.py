@@ -1,13 +1,19 @@
-"""Sampling speed with the KV cache, printed as JSON: seconds per image at batch 1 and
-images per second at batch 16, for each attention pattern, on the train_step bench's
-model (dim 256, depth 4, 4 heads x 64, text 32, 16 x 16 = 256 image tokens), 2 threads.
+"""Sampling speed through the static KV cache, printed as JSON: seconds per image at batch 1
+and images per second at batch 16, eager and with the decode step compiled (torch.compile
+on CPU, CUDA graphs on CUDA), for each attention pattern, on the train_step bench's model
+(dim 256, depth 4, 4 heads x 64, text 32, 16 x 16 = 256 image tokens).
 Untrained weights: sampling costs the same whatever the weights say. VAE decoding of the
-tokens is included.
+tokens is included; compile time is not (it is reported on its own).
+
+DALLE-pytorch 1.6.6 on the same config is timed by bench/generate_reference.py (run it
+with an interpreter that has dalle-pytorch, in the same session); pass its JSON with
+--reference to get the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -18,21 +24,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, median, set_threads
 
 from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
+from dalle_dist.model.decoding import StaticDecoder
 
 PATTERN_NAMES = ("full", "axial_row", "axial_col", "conv_like", "sparse")
 
 
-def seconds(model: DALLE, vae: DiscreteVAE, batch: int, repeats: int) -> float:
-    text = torch.randint(1, 1000, (batch, model.config.text_seq_len))
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(model: DALLE, vae: DiscreteVAE, batch: int, repeats: int, compiled: bool,
+          device: torch.device) -> tuple[float, float]:
+    """(median seconds of one generate_images call, seconds of the first call: warm-up,
+    which includes compiling)."""
+    text = torch.randint(1, 1000, (batch, model.config.text_seq_len), device=device)
     text[:, 16:] = 0
-    generator = torch.Generator().manual_seed(0)
-    model.generate_images(text, vae, 0.9, 1.0, generator)  # warm-up: masks, allocator
+    generator = torch.Generator(device).manual_seed(0)
+    decoder = StaticDecoder(model, batch, compiled=compiled)
+    start = time.perf_counter()
+    model.generate_images(text, vae, 0.9, 1.0, generator, decoder=decoder)
+    sync(device)
+    first = time.perf_counter() - start
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        model.generate_images(text, vae, 0.9, 1.0, generator)
+        model.generate_images(text, vae, 0.9, 1.0, generator, decoder=decoder)
+        sync(device)
         times.append(time.perf_counter() - start)
-    return median(times)
+    return median(times), first
 
 
 def main() -> None:
@@ -40,22 +60,41 @@ def main() -> None:
     parser.add_argument("--patterns", default=",".join(PATTERN_NAMES))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--modes", default="eager,compiled",
+                        help="comma-separated: eager (static cache), compiled (its step compiled)")
+    parser.add_argument("--reference", type=Path, default=None,
+                        help="JSON of bench/generate_reference.py from the same session")
     args = parser.parse_args()
     set_threads(args.threads)
+    device = torch.device(args.device)
     torch.manual_seed(0)
-    vae = DiscreteVAE(VAEConfig(image_size=64, num_tokens=512, num_layers=2)).eval()
+    vae = DiscreteVAE(VAEConfig(image_size=64, num_tokens=512, num_layers=2)).to(device).eval()
+    reference = json.loads(args.reference.read_text()) if args.reference else None
     results = []
     for pattern in args.patterns.split(","):
         cfg = DALLEConfig(num_text_tokens=1000, text_seq_len=32, num_image_tokens=512,
                           image_fmap_size=16, dim=256, depth=4, heads=4, dim_head=64,
                           attn_types=(pattern,))
-        model = DALLE(cfg).eval()
-        one = seconds(model, vae, 1, args.repeats)
-        sixteen = seconds(model, vae, 16, max(1, args.repeats - 1))
-        results.append({"pattern": pattern, "seconds_per_image_batch_1": round(one, 3),
-                        "images_per_s_batch_16": round(16 / sixteen, 2)})
-    emit({"bench": "generate", "threads": args.threads, "image_tokens": 256,
-          "results": results})
+        model = DALLE(cfg).to(device).eval()
+        for mode in args.modes.split(","):
+            compiled = mode == "compiled"
+            one, first_one = timed(model, vae, 1, args.repeats, compiled, device)
+            sixteen, _ = timed(model, vae, 16, max(1, args.repeats - 1), compiled, device)
+            row = {"pattern": pattern, "mode": mode,
+                   "seconds_per_image_batch_1": round(one, 4),
+                   "images_per_s_batch_16": round(16 / sixteen, 2),
+                   "first_call_s_batch_1": round(first_one, 2)}
+            if reference is not None and pattern == reference.get("pattern"):
+                ref = reference["cached_seconds_per_image_batch_1"]
+                row["speedup_vs_dalle_pytorch_cached_batch_1"] = round(ref / one, 2)
+                ref16 = reference.get("cached_images_per_s_batch_16")
+                if ref16:
+                    row["speedup_vs_dalle_pytorch_cached_batch_16"] = round(
+                        16 / sixteen / ref16, 2)
+            results.append(row)
+    emit({"bench": "generate", "device": str(device), "threads": args.threads,
+          "image_tokens": 256, "reference": reference, "results": results})
 
 
 if __name__ == "__main__":

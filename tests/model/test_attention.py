@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from dalle_dist.errors import ConfigError
-from dalle_dist.model.attention import ATTN_IMPLS, Attention, LayerKVCache, resolve_impl
+from dalle_dist.model.attention import ATTN_IMPLS, Attention, resolve_impl
 from dalle_dist.model.patterns import (
     PATTERNS,
     AttentionPattern,
@@ -178,12 +178,13 @@ def test_kv_cache_equals_one_shot(case: tuple[str, dict]) -> None:
     for chunks in ([layout.text_len] + [1] * (n - layout.text_len), [7, 3] * n):
         with torch.no_grad():
             one_shot = layer(x, layout)
-            cache = LayerKVCache(2, HEADS, n, DIM_HEAD, x.device, x.dtype)
+            cache = layer.new_cache(2, layout, x.device, x.dtype)
             pieces, start = [], 0
             for size in chunks:
                 if start >= n:
                     break
-                pieces.append(layer(x[:, start:start + size], layout, cache))
+                positions = torch.arange(start, min(start + size, n))
+                pieces.append(layer(x[:, start:start + size], layout, cache, positions))
                 start += size
         torch.testing.assert_close(torch.cat(pieces, dim=1), one_shot, atol=TOL, rtol=0)
 

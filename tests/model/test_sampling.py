@@ -1,11 +1,20 @@
 """Token sampling: top-k filtering keeps the right logits, and the Gumbel-max draw follows
-softmax(logits / temperature) with an explicit, reproducible generator."""
+softmax(logits / temperature) with an explicit, reproducible generator. Decoding through the
+static KV cache gives the uncached reference's tokens for every pattern, with fixed shapes,
+no host sync, and the same tokens when its step is compiled."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
+
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
+from dalle_dist.model import DALLE, DALLEConfig
+from dalle_dist.model.decoding import StaticDecoder, compile_mode
 from dalle_dist.model.sampling import sample_tokens, top_k_filter
 
 DRAWS = 20_000
@@ -90,3 +99,136 @@ def test_same_seed_same_tokens() -> None:
     assert torch.equal(draw(11), draw(11))
     assert not torch.equal(draw(11), draw(12))
 
+
+
+# -- the static KV cache (model/decoding.py) --------------------------------------------
+
+#: Each pattern alone, and all five cycled over the layers of one model.
+PATTERN_SETS = [("full",), ("axial_row",), ("axial_col",), ("conv_like",), ("sparse",),
+                ("full", "axial_row", "axial_col", "conv_like", "sparse")]
+SMALL = DALLEConfig(num_text_tokens=50, text_seq_len=8, num_image_tokens=16, image_fmap_size=4,
+                    dim=32, depth=2, heads=2, dim_head=16, sparse_random_blocks=1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """Hundreds of tiny ops: intra-op threads only spin against other processes here."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _small_model(attn_types: tuple[str, ...]) -> DALLE:
+    """float32, as users sample; weights spread wide enough that logits are far from uniform
+    (the default init would make every sampler look right)."""
+    torch.manual_seed(0)
+    model = DALLE(dataclasses.replace(SMALL, attn_types=attn_types,
+                                      depth=max(2, len(attn_types)))).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model
+
+
+def _captions(batch: int, seed: int = 0) -> torch.Tensor:
+    """Rows with different amounts of padding, so rows cannot be mixed up unnoticed."""
+    g = torch.Generator().manual_seed(seed)
+    text = torch.randint(1, SMALL.num_text_tokens, (batch, SMALL.text_seq_len), generator=g)
+    for row in range(batch):
+        text[row, 2 + 2 * row:] = 0
+    return text
+
+
+@pytest.mark.parametrize("attn_types", PATTERN_SETS, ids="+".join)
+def test_static_cache_equals_uncached_for_every_pattern(attn_types: tuple[str, ...]) -> None:
+    """One decoder, reused for two batches of captions (batch 3), against the uncached
+    reference that re-runs the whole sequence through the training path.
+
+    Bugs: a wrong row of the pattern's mask for the decoded position (seen failing for
+    every pattern with the previous position's row), an unwritten cache slot left visible,
+    keys written at the wrong position.
+    """
+    model = _small_model(attn_types)
+    decoder = StaticDecoder(model, 3)
+    for seed in (0, 1):
+        text = _captions(3, seed)
+        cached = model.sample_image_tokens(text, 0.0, 1.0, torch.Generator().manual_seed(seed),
+                                           decoder=decoder)
+        plain = model.sample_image_tokens(text, 0.0, 1.0, torch.Generator().manual_seed(seed),
+                                          use_cache=False)
+        assert torch.equal(cached, plain), (seed, cached, plain)
+        # Rows differ (different captions and noise), so a row mix-up cannot hide.
+        assert not torch.equal(cached[0], cached[1])
+
+
+def test_cache_keeps_its_shapes_across_steps() -> None:
+    """Every decode step attends over the same [b, heads, max_len, dim_head] keys: the
+    shapes a compiled step or a CUDA graph needs. Bug: the cache returned its filled prefix
+    (k[:, :, :length]), a new shape every token."""
+    model = _small_model(("full", "axial_row"))
+    shapes: list[tuple[tuple[int, ...], ...]] = []
+
+    class RecordSdpa(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is F.scaled_dot_product_attention:
+                shapes.append(tuple(tuple(a.shape) for a in args[:3]))
+            return func(*args, **(kwargs or {}))
+
+    with RecordSdpa():
+        model.sample_image_tokens(_captions(2), 0.0, 1.0, torch.Generator().manual_seed(0))
+    layers = 2
+    prefill, steps = shapes[:layers], shapes[layers:]
+    assert len(steps) == layers * (SMALL.image_seq_len - 1)
+    max_len = model.layout.seq_len
+    assert set(steps) == {((2, 2, 1, 16), (2, 2, max_len, 16), (2, 2, max_len, 16))}
+    assert prefill[0][1] == (2, 2, max_len, 16)
+
+
+#: Tensor methods that make the host wait for the device.
+SYNCS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
+         torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.cpu, torch.Tensor.numpy}
+
+
+def test_decoding_never_reads_the_device_on_the_host() -> None:
+    """Sampling 16 tokens costs no host sync: on CUDA each one stalls the launch queue.
+    Bug: a position kept as a Python int read back with .item(), or a loop that stops on
+    `if (tokens == eos).any()`."""
+    model = _small_model(("full", "conv_like"))
+    decoder = StaticDecoder(model, 2)
+    text = _captions(2)
+    seen: list[str] = []
+
+    class RecordSyncs(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func in SYNCS:
+                seen.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with RecordSyncs():
+        decoder.sample(text, 0.5, 1.0, torch.Generator().manual_seed(0))
+    assert seen == []
+
+
+def test_compiled_sampling_equals_eager() -> None:
+    """The one torch.compile test (compiling takes tens of seconds on CPU): all five
+    patterns in one model, batch 2, two calls. Same tokens as the eager decoder, and one
+    graph for every position. Bugs: the position baked in as a constant (a recompile per
+    token, then dynamo's limit and a silent fall back to eager), a graph break that
+    fullgraph refuses, a compiled step that reads a stale cache."""
+    from torch._dynamo.utils import counters
+
+    model = _small_model(PATTERN_SETS[-1])
+    eager, compiled = StaticDecoder(model, 2), StaticDecoder(model, 2, compiled=True)
+    graphs_before = counters["stats"]["unique_graphs"]
+    for seed in (0, 1):
+        text = _captions(2, seed)
+        want = eager.sample(text, 0.0, 1.0, torch.Generator().manual_seed(seed))
+        got = compiled.sample(text, 0.0, 1.0, torch.Generator().manual_seed(seed))
+        assert torch.equal(got, want), (seed, got, want)
+    assert counters["stats"]["unique_graphs"] - graphs_before == 1
+
+
+def test_compile_mode_is_cuda_graphs_only_on_cuda() -> None:
+    assert compile_mode(torch.device("cuda", 0)) == "reduce-overhead"
+    assert compile_mode(torch.device("cpu")) == "default"

@@ -73,22 +73,43 @@ def resolve_impl(impl: str, pattern: AttentionPattern, device: torch.device,
     return impl
 
 
-class LayerKVCache:
-    """Preallocated keys and values of one layer, filled as sampling proceeds."""
+class LayerKVCache(nn.Module):
+    """Keys and values of one layer for sampling, preallocated for the whole sequence.
 
-    def __init__(self, batch: int, heads: int, max_len: int, dim_head: int,
-                 device: torch.device, dtype: torch.dtype) -> None:
-        shape = (batch, heads, max_len, dim_head)
-        self.k = torch.empty(shape, device=device, dtype=dtype)
-        self.v = torch.empty(shape, device=device, dtype=dtype)
-        self.length = 0
+    Written in place at a position tensor and read whole, so every decode step sees the
+    same shapes ([batch, heads, max_len, dim_head]) and the step can be compiled or captured
+    in a CUDA graph; `mask` holds the layer's pattern over that length, and its row for a
+    query hides both the pattern's exclusions and the positions not written yet. The
+    buffers are zeros, not garbage: a masked key gets weight 0, and 0 x NaN would still be
+    NaN. Buffers (not plain attributes) so torch.compile treats them as static addresses.
+    """
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        end = self.length + k.shape[2]
-        self.k[:, :, self.length:end] = k
-        self.v[:, :, self.length:end] = v
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+    def __init__(self, batch: int, heads: int, mask: Tensor, dim_head: int,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        shape = (batch, heads, mask.shape[1], dim_head)
+        self.register_buffer("k", torch.zeros(shape, device=mask.device, dtype=dtype),
+                             persistent=False)
+        self.register_buffer("v", torch.zeros(shape, device=mask.device, dtype=dtype),
+                             persistent=False)
+        self.register_buffer("mask", mask, persistent=False)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    def write(self, k: Tensor, v: Tensor, positions: Tensor) -> None:
+        """Store [batch, heads, n, dim_head] keys and values at the n given positions
+        (cast to the cache's dtype: under autocast or FSDP's mixed precision they may
+        come in a lower one; a cast to the same dtype is free)."""
+        self.k.index_copy_(2, positions, k.to(self.k.dtype))
+        self.v.index_copy_(2, positions, v.to(self.v.dtype))
+
+    def attend(self, q: Tensor, positions: Tensor) -> Tensor:
+        """Queries at `positions` over the whole cache, masked by the pattern's rows."""
+        mask = self.mask.index_select(0, positions)
+        out = F.scaled_dot_product_attention(q.to(self.k.dtype), self.k, self.v, attn_mask=mask)
+        return out.to(q.dtype)
 
 
 class Attention(nn.Module):
@@ -135,18 +156,22 @@ class Attention(nn.Module):
         return paths.band_gather(q, k, v, layout, dropout, pattern, rows_back,
                                  columns=isinstance(pattern, AxialColPattern))
 
-    def forward(self, x: Tensor, layout: SequenceLayout,
-                cache: LayerKVCache | None = None) -> Tensor:
+    def new_cache(self, batch: int, layout: SequenceLayout, device: torch.device,
+                  dtype: torch.dtype) -> LayerKVCache:
+        """An empty cache for sampling `batch` sequences of `layout` with this layer."""
+        return LayerKVCache(batch, self.heads, self._mask(layout, device), self.dim_head, dtype)
+
+    def forward(self, x: Tensor, layout: SequenceLayout, cache: LayerKVCache | None = None,
+                positions: Tensor | None = None) -> Tensor:
+        """x holds positions 0..n-1 without a cache; with one, the given `positions` [n]
+        (a tensor, so a compiled decode step does not specialise on the step number)."""
         b, n, _ = x.shape
         q, k, v = self.to_qkv(x).view(b, n, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)
         if cache is None:
             out = self._attend(q, k, v, layout)
         else:
-            start = cache.length
-            k, v = cache.append(k, v)
-            if self.pattern.causal_only and n == 1:
-                mask = None  # the newest token sees everything before it
-            else:
-                mask = self._mask(layout, x.device)[start:start + n, :start + n]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            if positions is None:
+                raise ValueError("a KV cache needs the positions of the tokens it is given")
+            cache.write(k, v, positions)
+            out = cache.attend(q, positions)
         return self.to_out(out.transpose(1, 2).reshape(b, n, -1))

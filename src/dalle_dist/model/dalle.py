@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dalle_dist.model.attention import LayerKVCache
 from dalle_dist.model.config import DALLEConfig
+from dalle_dist.model.decoding import StaticDecoder
 from dalle_dist.model.patterns import PatternOptions, SequenceLayout
 from dalle_dist.model.sampling import sample_tokens
 from dalle_dist.model.transformer import Transformer
@@ -71,9 +74,10 @@ class DALLE(nn.Module):
         positions = torch.arange(text_in.shape[1], device=text_in.device)
         return self.text_emb(text_in) + self.text_pos_emb(positions)
 
-    def _embed_image(self, tokens: Tensor, start: int = 0) -> Tensor:
-        """Image tokens that occupy grid cells start, start+1, ... (row-major)."""
-        cells = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+    def _embed_image(self, tokens: Tensor, cells: Tensor | None = None) -> Tensor:
+        """Image tokens [b, n] at grid `cells` [n] (row-major; default 0..n-1)."""
+        if cells is None:
+            cells = torch.arange(tokens.shape[1], device=tokens.device)
         side = self.config.image_fmap_size
         return (self.image_emb(tokens) + self.image_row_emb(cells // side)
                 + self.image_col_emb(cells % side))
@@ -116,6 +120,21 @@ class DALLE(nn.Module):
 
     # -- sampling --------------------------------------------------------------------
 
+    def prefill(self, text: Tensor, cache: Sequence[LayerKVCache]) -> Tensor:
+        """Encode [b, text_seq_len] captions into `cache` (positions 0..text_len-1);
+        returns the image logits [b, vocab] of the first image cell."""
+        x = self._embed_text(self._text_input(text))
+        positions = torch.arange(x.shape[1], device=x.device)
+        h = self.transformer(x, self.layout, cache, positions)
+        return self._image_logits(h[:, -1])
+
+    def decode_step(self, tokens: Tensor, cell: Tensor, cache: Sequence[LayerKVCache]) -> Tensor:
+        """Feed image tokens [b, 1] at grid `cell` ([1], a tensor: one compiled step serves
+        every cell); returns the image logits [b, vocab] of the next cell."""
+        h = self.transformer(self._embed_image(tokens, cell), self.layout, cache,
+                             cell + self.layout.text_len)
+        return self._image_logits(h[:, -1])
+
     @torch.no_grad()
     def sample_image_tokens(
         self,
@@ -124,35 +143,35 @@ class DALLE(nn.Module):
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
         use_cache: bool = True,
+        decoder: StaticDecoder | None = None,
     ) -> Tensor:
         """Sample [b, fmap^2] image token ids for [b, text_seq_len] captions.
 
-        With use_cache the prefix is encoded once and each new token costs one position;
-        without it every step re-runs the whole sequence (the reference the cache must match).
+        With use_cache the prefix is encoded once into a preallocated cache and each new
+        token costs one position (decoding.StaticDecoder; pass `decoder` to reuse one, e.g.
+        a compiled one, across calls). Without it every step re-runs the whole sequence:
+        the reference the cache must match token for token.
         """
+        if use_cache:
+            if decoder is None:
+                decoder = StaticDecoder(self, text.shape[0])
+            if decoder.model is not self:
+                raise ValueError("the decoder was built for another model")
+            return decoder.sample(text, filter_thres, temperature, generator)
         was_training = self.training
         self.eval()
         try:
-            text_in = self._text_input(text)
-            prefix = self._embed_text(text_in)
+            prefix = self._embed_text(self._text_input(text))
             n_image = self.layout.image_len
             tokens = torch.empty(text.shape[0], n_image, dtype=torch.long, device=text.device)
-            cache: list[LayerKVCache] | None = None
-            if use_cache:
-                cache = self.transformer.new_cache(text.shape[0], self.layout.seq_len,
-                                                   text.device, prefix.dtype)
-            h = self.transformer(prefix, self.layout, cache)
+            h = self.transformer(prefix, self.layout)
             for j in range(n_image):
                 tokens[:, j] = sample_tokens(self._image_logits(h[:, -1]), filter_thres,
                                              temperature, generator)
                 if j == n_image - 1:
                     break
-                if use_cache:
-                    h = self.transformer(self._embed_image(tokens[:, j : j + 1], j),
-                                         self.layout, cache)
-                else:
-                    x = torch.cat((prefix, self._embed_image(tokens[:, : j + 1])), dim=1)
-                    h = self.transformer(x, self.layout)
+                x = torch.cat((prefix, self._embed_image(tokens[:, : j + 1])), dim=1)
+                h = self.transformer(x, self.layout)
             return tokens
         finally:
             self.train(was_training)
@@ -165,7 +184,9 @@ class DALLE(nn.Module):
         filter_thres: float = 0.5,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
+        decoder: StaticDecoder | None = None,
     ) -> Tensor:
         """Captions -> [b, 3, H, W] images in [0, 1], decoded by the model's own VAE."""
-        tokens = self.sample_image_tokens(text, filter_thres, temperature, generator)
+        tokens = self.sample_image_tokens(text, filter_thres, temperature, generator,
+                                          decoder=decoder)
         return vae.decode(tokens)

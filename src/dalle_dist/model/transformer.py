@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -39,9 +41,9 @@ class Block(nn.Module):
         self.ff_norm = nn.LayerNorm(dim)
         self.ff = FeedForward(dim, ff_mult, ff_dropout)
 
-    def forward(self, x: Tensor, layout: SequenceLayout,
-                cache: LayerKVCache | None = None) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), layout, cache)
+    def forward(self, x: Tensor, layout: SequenceLayout, cache: LayerKVCache | None = None,
+                positions: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), layout, cache, positions)
         return x + self.ff(self.ff_norm(x))
 
 
@@ -60,13 +62,16 @@ class Transformer(nn.Module):
         )
         self.norm = nn.LayerNorm(dim)
 
-    def new_cache(self, batch: int, max_len: int, device: torch.device,
-                  dtype: torch.dtype) -> list[LayerKVCache]:
-        return [LayerKVCache(batch, self.heads, max_len, self.dim_head, device, dtype)
-                for _ in self.blocks]
+    def new_cache(self, batch: int, layout: SequenceLayout, device: torch.device,
+                  dtype: torch.dtype) -> nn.ModuleList:
+        """One preallocated LayerKVCache per block, each over the whole sequence."""
+        return nn.ModuleList(block.attn.new_cache(batch, layout, device, dtype)
+                             for block in self.blocks)
 
     def forward(self, x: Tensor, layout: SequenceLayout,
-                cache: list[LayerKVCache] | None = None) -> Tensor:
+                cache: Sequence[LayerKVCache] | None = None,
+                positions: Tensor | None = None) -> Tensor:
+        """Without a cache x holds positions 0..n-1; with one, `positions` says where."""
         for i, block in enumerate(self.blocks):
-            x = block(x, layout, cache[i] if cache is not None else None)
+            x = block(x, layout, cache[i] if cache is not None else None, positions)
         return self.norm(x)
