@@ -138,15 +138,11 @@ def attention_check(pattern_name: str, dtype_name: str, device: torch.device,
 
 
 def flex_compile_counter() -> Callable[[], int]:
-    """How many graphs torch.compile has built so far in this process.
+    """How many graphs the one shared FlexAttention kernel has compiled so far in this
+    process (model/attention_paths.py flex_compile_stats: each recompile counts once)."""
+    from dalle_dist.model.attention_paths import flex_compile_stats
 
-    HOOK (issue 13 item 6): when the FlexAttention kernel is shared, read its own
-    recompile counter here instead; dynamo's count is the fallback and equals it while
-    flex is the only compiled code in the process.
-    """
-    from torch._dynamo.utils import counters
-
-    return lambda: int(counters["stats"]["unique_graphs"])
+    return lambda: int(flex_compile_stats()["compiles"])
 
 
 class _Records(logging.Handler):
@@ -198,7 +194,7 @@ def flex_recompile_check(device: torch.device) -> Outcome:
                   or "cache_size_limit" in m or "recompilation limit" in m.lower()]
     bounds = [len(patterns), len(patterns), 2 * len(patterns)]
     details = {"phases": phases, "bounds": bounds, "limit_warnings": limit_hits[:3],
-               "counter": "torch._dynamo counters['stats']['unique_graphs'] (fallback)"}
+               "counter": "attention_paths.flex_compile_stats()['compiles']"}
     over = [p for p, bound in zip(phases, bounds, strict=True) if p["compiles_so_far"] > bound]
     total = phases[-1]["compiles_so_far"]
     if over or limit_hits:
@@ -214,11 +210,24 @@ def flex_recompile_check(device: torch.device) -> Outcome:
 
 def compiled_sampler(model: Any, device: torch.device, cuda_graphs: bool
                      ) -> tuple[Callable[..., torch.Tensor] | None, str]:
-    """HOOK (issue 13 item 9): `generate --compile`'s sampler over the static KV cache:
+    """`generate --compile`'s sampler over the static KV cache (model/decoding.py):
     torch.compile on the CPU, CUDA graphs (mode "reduce-overhead") on CUDA. Returns a
-    function (text, filter_thres, temperature, generator) -> image token ids, or None and
-    why it is not there."""
-    return None, "this build has no compiled decode step (generate --compile, issue 13 item 9)"
+    function (text, filter_thres, temperature, generator) -> image token ids, with one
+    compiled decoder per batch size, as `generate` keeps them."""
+    from dalle_dist.model.decoding import StaticDecoder, compile_mode
+
+    if cuda_graphs and compile_mode(device) != "reduce-overhead":
+        return None, f"CUDA graphs need CUDA (on {device.type}: {compile_mode(device)})"
+    decoders: dict[int, StaticDecoder] = {}
+
+    def sample(text: torch.Tensor, filter_thres: float, temperature: float,
+               generator: torch.Generator) -> torch.Tensor:
+        batch = text.shape[0]
+        if batch not in decoders:
+            decoders[batch] = StaticDecoder(model, batch, compiled=True)
+        return decoders[batch].sample(text, filter_thres, temperature, generator)
+
+    return sample, ""
 
 
 def sampling_model(device: torch.device) -> tuple[Any, Any, torch.Tensor]:
