@@ -97,12 +97,14 @@ def make_task_parts(spec: dict[str, Any], backend: Any, steps: int) -> tuple[Any
 
 
 def rank_loader(spec: dict[str, Any], backend: Any, train_cfg: Any, data_cfg: Any,
-                collate: Any) -> Any:
+                collate: Any, workers: int = 0) -> Any:
+    """This rank's loader as `train` builds it (pinned on CUDA)."""
     from dalle_dist.data import make_loader
 
     loader, _ = make_loader(data_cfg, data_cfg.image_size,
                             backend.rank_batch_size(train_cfg.batch_size), backend.rank,
-                            backend.world_size, train_cfg.seed, collate, True)
+                            backend.world_size, train_cfg.seed, collate, True,
+                            num_workers=workers, pin_memory=backend.device.type == "cuda")
     return loader
 
 
@@ -206,7 +208,8 @@ def train_run(spec: dict[str, Any]) -> dict[str, Any]:
     loader = rank_loader(spec, backend, train_cfg, data_cfg, collate)
     clock = StepClock(warmup, steps, cuda)
     task = measured_task(DALLETask, clock)(dalle_cfg, vae, tokenizer, train_cfg,
-                                           data_cfg.to_dict(), False, device)
+                                           data_cfg.to_dict(), False, device,
+                                           precision=backend.precision())
     engine = backend.distribute(task.model, task.make_optimizer, task.make_scheduler,
                                 shard_units=task.shard_units(task.model),
                                 clip_grad_norm=train_cfg.clip_grad_norm)
@@ -214,7 +217,7 @@ def train_run(spec: dict[str, Any]) -> dict[str, Any]:
     class NoSaves(Checkpointer):
         """Throughput runs write nothing: the resume check covers saving."""
 
-        def save(self, state: Any) -> None:
+        def save(self, state: Any, **kwargs: Any) -> None:
             pass
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -284,12 +287,14 @@ def resume_phase(spec: dict[str, Any]) -> dict[str, Any]:
     resume = ResumeConfig(source="auto" if spec["phase"] == "resumed" else None)
     run = RunSetup.begin("dalle", "--dalle_output_file_name", backend, train_cfg, resume,
                          paths, log)
-    loader = run.loader(lambda: rank_loader(spec, backend, train_cfg, data_cfg, collate),
-                        "--image_text_folder")
+    loader = run.loader(
+        lambda workers: rank_loader(spec, backend, train_cfg, data_cfg, collate, workers),
+        data_cfg, "--image_text_folder")
     stop_at = spec.get("stop_at") if spec["phase"] == "interrupted" else None
     clock = StepClock(0, steps, False)
     task = measured_task(DALLETask, clock, stop_at)(dalle_cfg, vae, tokenizer, train_cfg,
-                                                    data_cfg.to_dict(), False, backend.device)
+                                                    data_cfg.to_dict(), False, backend.device,
+                                                    precision=backend.precision())
     try:
         run.train(task, loader, f"acceptance resume check, phase {spec['phase']}")
         stopped = False

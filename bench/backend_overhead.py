@@ -73,7 +73,8 @@ def rank_main(engine: str, args: argparse.Namespace) -> None:
 
     def new_task() -> DALLETask:
         torch.manual_seed(0)
-        return DALLETask(cfg, vae, tokenizer, train_cfg, DataConfig().to_dict(), False, device)
+        return DALLETask(cfg, vae, tokenizer, train_cfg, DataConfig().to_dict(), False, device,
+                         precision=backend.precision())
 
     def hand_written() -> list[float]:
         """The engine's own API, nothing else; each step timed from fetching its batch."""

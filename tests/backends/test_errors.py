@@ -163,11 +163,23 @@ def test_bad_deepspeed_config(config: str | None, fragments: list[str], tmp_path
     assert_nothing_written(tmp_path, before)
 
 
-def test_deepspeed_ga_steps_that_do_not_divide(tmp_path: Path, tiny_vae: Path) -> None:
-    results = launch.bare_ranks(*TRAIN, "--vae_path", str(tiny_vae), "--deepspeed",
-                                "--ga_steps", "3", "--batch_size", "8",
+@pytest.mark.parametrize("backend", ["torch", "deepspeed"])
+def test_ga_steps_that_do_not_divide(backend: str, tmp_path: Path, tiny_vae: Path) -> None:
+    """--ga_steps on every backend: the global batch must split into ranks x micro-batches
+    (8 does not into 2 x 3), checked on every rank before any engine starts."""
+    results = launch.bare_ranks(*TRAIN, "--vae_path", str(tiny_vae), "--distributed_backend",
+                                backend, "--ga_steps", "3", "--batch_size", "8",
                                 "--dalle_output_file_name", str(tmp_path / "d"), cwd=tmp_path)
-    assert_every_rank(results, "--batch_size 8", "--ga_steps 3 x 2 ranks", "--batch_size 6")
+    assert_every_rank(results, "--batch_size 8", "--ga_steps 3 x 2 ranks (6)",
+                      "--batch_size 6 or 12")
+    assert_nothing_written(tmp_path, set())
+
+
+def test_ga_steps_that_do_not_divide_in_one_process(tmp_path: Path, tiny_vae: Path) -> None:
+    result = run_cli(*TRAIN, "--vae_path", str(tiny_vae), "--ga_steps", "4", "--batch_size",
+                     "10", "--dalle_output_file_name", str(tmp_path / "d"), cwd=tmp_path)
+    assert_user_error(result, "--batch_size 10", "multiple of --ga_steps 4",
+                      "--batch_size 8 or 12")
     assert_nothing_written(tmp_path, set())
 
 

@@ -37,7 +37,8 @@ EXPECTED_SIGNATURE: dict[str, str] = {
     _BACKENDS + "test_bad_deepspeed_config[batch-mismatch]": "batch-not-divisible",
     _BACKENDS + "test_bad_deepspeed_config[micro-batch]": "batch-not-divisible",
     _BACKENDS + "test_bad_deepspeed_config[amp-block]": "deepspeed-amp-removed",
-    _BACKENDS + "test_deepspeed_ga_steps_that_do_not_divide": "batch-not-divisible",
+    _BACKENDS + "test_ga_steps_that_do_not_divide": "batch-not-divisible",
+    _BACKENDS + "test_ga_steps_that_do_not_divide_in_one_process": "batch-not-divisible",
     "tests/cli/test_check.py::test_train_stops_at_once_with_the_same_verdict":
         "deepspeed-not-installed",
     "tests/cli/test_check.py::test_fp16_with_deepspeed_on_cpu_is_refused_by_check_and_by_train":

@@ -161,11 +161,13 @@ def vae_parameters(v: VAEConfig) -> int:
 
 # -- attention paths -----------------------------------------------------------------
 
-def attention_path(pattern: str, device: str, fmap_size: int, attn_impl: str = "auto") -> str:
-    """The path model/attention.py's resolve_impl takes for a layer of `pattern` (it
-    depends on the image grid's side, not on the text's length)."""
+def attention_path(pattern: str, device: str, fmap_size: int, attn_impl: str = "auto",
+                   dropout: float = 0.0) -> str:
+    """The path model/attention.py's resolve_impl takes for a training layer of `pattern`
+    (it depends on the image grid's side, not on the text's length, and on whether the
+    layer applies dropout: FlexAttention cannot)."""
     return resolve_impl(attn_impl, build_pattern(pattern), torch.device(device),
-                        SequenceLayout(text_len=1, fmap_size=fmap_size))
+                        SequenceLayout(text_len=1, fmap_size=fmap_size), dropout)
 
 
 def _band_keys(c: DALLEConfig, pattern: str) -> tuple[int, int]:
@@ -264,7 +266,7 @@ def _seq_len(c: DALLEConfig) -> int:
 
 def layer_paths(c: DALLEConfig, device: str, attn_impl: str) -> list[tuple[str, str]]:
     """(pattern, path) of every layer of the meta model (attn_types cycles over the depth)."""
-    return [(p, attention_path(p, device, c.image_fmap_size, attn_impl))
+    return [(p, attention_path(p, device, c.image_fmap_size, attn_impl, c.attn_dropout))
             for p in meta_dalle(c).layer_patterns]
 
 

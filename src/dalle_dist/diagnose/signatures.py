@@ -134,7 +134,7 @@ SIGNATURES: tuple[Signature, ...] = (
          r"Cuda failure '?out of memory'?",
          r"CUBLAS_STATUS_ALLOC_FAILED"),
         "a GPU ran out of memory",
-        "lower --batch_size (with DeepSpeed, raise --ga_steps to keep the global batch), "
+        "lower --batch_size (or raise --ga_steps to keep the global batch), "
         "train in bf16/fp16, "
         "shard states with --zero_stage 2 or 3 (or --zero_offload cpu), or shrink "
         "--dim/--depth; if much memory is reserved but unallocated, set "
@@ -409,6 +409,8 @@ SIGNATURES: tuple[Signature, ...] = (
          r"micro_batch_per_gpu \* gradient_acc_step \* world_size",
          r"is the global batch of backend \w+ and must be a multiple of the \d+ ranks"
          r"(?: \((?P<hint>use --batch_size [^)]*)\))?",
+         r"is the (?:global|per-worker) batch of backend \w+ and must be a multiple of "
+         r"--ga_steps \d+(?: x \d+ ranks)?(?: \(\d+\))?(?: \((?P<hint2>use --batch_size [^)]*)\))?",
          r"\(DeepSpeed's train_batch_size\) is not divisible by --ga_steps",
          r"train_batch_size \d+ != micro batch \d+ x --ga_steps",
          r"--deepspeed_config (?:.+ )?sets (?:train_batch_size|gradient_accumulation_steps) \d+ "

@@ -41,6 +41,7 @@ from dalle_dist.data.loader import check_num_workers, default_num_workers
 from dalle_dist.data.tokenizer import load_tokenizer
 from dalle_dist.errors import ConfigError, DataError
 from dalle_dist.model import DALLEConfig, PatternOptions, VAEConfig, build_pattern
+from dalle_dist.model.attention_paths import flex_dropout_error
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
 from dalle_dist.train.config import ResumeConfig, RunPaths, TrainConfig, VAESchedule
 from dalle_dist.train.dalle_task import DALLETask
@@ -152,8 +153,7 @@ def check_attn_impl(attn_impl: str, device: torch.device, attn_dropout: float) -
         raise ConfigError("--attn_impl flex cannot train on CPU: FlexAttention has no backward "
                           "there", "use --attn_impl auto, gather or sdpa")
     if attn_dropout:
-        raise ConfigError("--attn_impl flex has no attention dropout",
-                          "set --attn_dropout 0 or use --attn_impl sdpa")
+        raise flex_dropout_error()
 
 
 @dataclass
