@@ -150,6 +150,28 @@ def _watch_precision(engine: Engine, backend: DistributedBackend, log: RunLog,
              f"{dtype_names(seen)}")
 
 
+def optimizer_step(task: Task, engine: Engine, backend: DistributedBackend,
+                   micro_batches: list[Batch], config: TrainConfig, sums: DeviceSums,
+                   step: int) -> None:
+    """One optimizer step over its micro-batches (--ga_steps of them), its numbers added to
+    `sums` on the device: nothing here waits for the device or reads a value back."""
+    last = len(micro_batches) - 1
+    # Every wait for the other ranks is bounded and named (backends/watch.py).
+    with backend.waiting(f"step {step}"):
+        with backend.waiting("the forward and backward pass"):
+            for index, batch in enumerate(micro_batches):
+                with engine.micro_batch(last=index == last):
+                    outputs = engine.forward(*task.inputs(batch, backend.device))
+                    engine.backward(outputs["loss"])
+                sums.add(logged_outputs(outputs), 1.0 / len(micro_batches))
+        with backend.waiting("the optimizer step"):
+            grad_norm = engine.clip_and_step(config.clip_grad_norm)
+            engine.zero_grad()
+    if grad_norm is not None:
+        sums.add({"grad_norm": grad_norm})
+    sums.steps += 1
+
+
 def train(task: Task, engine: Engine, backend: DistributedBackend,
           data: EpochLoader | WebDatasetLoader,
           config: TrainConfig, paths: RunPaths, log: RunLog,
@@ -197,24 +219,12 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
         epoch_end = steps_per_epoch * ga  # a last partial window is left out, as drop_last
         while state.batch < epoch_end:
             window_batches = list(itertools.islice(micro_batches, ga))
-            # Every wait for the other ranks is bounded and named (backends/watch.py).
-            with backend.waiting(f"step {state.step + 1}"):
-                with backend.waiting("the forward and backward pass"), \
-                        _watch_precision(engine, backend, log, state.step == first_step):
-                    for index, batch in enumerate(window_batches):
-                        with engine.micro_batch(last=index == ga - 1):
-                            outputs = engine.forward(*task.inputs(batch, device))
-                            engine.backward(outputs["loss"])
-                        device_sums.add(logged_outputs(outputs), 1.0 / ga)
-                with backend.waiting("the optimizer step"):
-                    grad_norm = engine.clip_and_step(config.clip_grad_norm)
-                    engine.zero_grad()
-                if grad_norm is not None:
-                    device_sums.add({"grad_norm": grad_norm})
-                device_sums.steps += 1
-                state.step += 1
-                state.batch += ga
-                task.after_step(state.step, engine)
+            with _watch_precision(engine, backend, log, state.step == first_step):
+                optimizer_step(task, engine, backend, window_batches, config, device_sums,
+                               state.step + 1)
+            state.step += 1
+            state.batch += ga
+            task.after_step(state.step, engine)
 
             epoch_done = state.batch >= epoch_end
             log_due = bool(config.log_every_n_steps) and state.step % config.log_every_n_steps == 0
@@ -222,7 +232,7 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
             stop, shown = False, {}
             if (log_due or epoch_done or state.step % stop_every == 0
                     or checkpointer.periodic_save_due(state.step, epoch_done=epoch_done)
-                    or (local_stop and backend.world_size == 1)):
+                    or (local_stop and backend.world_size == 1)):  # (one process: no vote)
                 steps = device_sums.steps
                 sums, stop = device_sums.drain(backend, local_stop, device)
                 state.loss_sum += sums.get("loss", 0.0)

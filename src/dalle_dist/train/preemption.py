@@ -3,8 +3,9 @@
 Schedulers (Slurm, Kubernetes, spot instances) and launchers (torchrun, the deepspeed
 launcher) send SIGTERM, then SIGKILL after a grace period. The handler only records the
 signal; the loop reads the record after each step and, since the signal may reach one
-rank only or reach ranks at different steps, all ranks agree through the per-step loss
-all-reduce before they stop together at the same step. A second Ctrl-C interrupts at once.
+rank only or reach ranks at different steps, all ranks agree at the next sync point (the
+metrics all-reduce, train/loop.py) before they stop together at the same step. A second
+Ctrl-C interrupts at once.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ def _handle(signum: int, frame: FrameType | None) -> None:
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
     """Record SIGTERM and SIGINT while the block runs (main thread only: where Python
-    delivers signals); the previous handlers come back afterwards."""
+    delivers signals); the previous handlers come back afterwards. A new block starts
+    with no signal recorded: a process that trains again after a stop (the GPU acceptance
+    run's phases, a notebook) must not stop at its first step."""
+    _received.clear()
     if threading.current_thread() is not threading.main_thread():
         yield
         return
