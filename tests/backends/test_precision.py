@@ -36,10 +36,11 @@ BF16 = ["single", "torch", "fsdp", "deepspeed-zero2", "horovod"]
 FP16 = ["single", "torch", "fsdp", "horovod"]
 
 
-def assert_close_not_identical(run: Run, fp32: Run, rtol: float, atol: float) -> None:
-    """Close to fp32: every loss to rtol, the weights to atol, all finite, still learning.
-    Not identical: some weight differs from the fp32 run's (fp32 in disguise repeats it
-    bit for bit)."""
+def assert_close_not_identical(run: Run, fp32: Run, rtol: float, atol: float,
+                               most_within: float = 1e-2, share: float = 0.1) -> None:
+    """Close to fp32: every loss to rtol, the weights to atol and all but `share` of each
+    tensor's elements to `most_within`, all finite, still learning. Not identical: some
+    weight differs from the fp32 run's (fp32 in disguise repeats it bit for bit)."""
     assert len(run.losses) == STEPS and all(math.isfinite(x) for x in run.losses)
     assert run.losses == pytest.approx(fp32.losses, rel=rtol)
     assert run.losses[-1] < run.losses[0], "still learns"
@@ -47,6 +48,9 @@ def assert_close_not_identical(run: Run, fp32: Run, rtol: float, atol: float) ->
     assert any(not torch.equal(weights[k].float(), expected[k].float()) for k in expected), \
         "bit-identical to the fp32 run: the precision was not applied"
     assert_weights_close(weights, expected, rtol=0, atol=atol)
+    for key, tensor in expected.items():
+        off = ((weights[key].float() - tensor.float()).abs() > most_within).float().mean()
+        assert off <= share, f"{key}: {off:.1%} of its elements are > {most_within} off fp32"
 
 
 @pytest.mark.parametrize("name", BF16)
@@ -54,7 +58,12 @@ def test_bf16_is_applied(name: str, trained: Callable[[str, str], Run]) -> None:
     run = trained(name, "bf16")
     assert "precision bf16: the first step's matmuls ran in bfloat16" in run.text
     assert_ranks_consistent(name, run.text, world=1 if name == "single" else 2)
-    assert_close_not_identical(run, trained(name, "fp32"), rtol=1e-2, atol=2e-2)
+    # atol 3e-2: the frozen VAE encodes under the run's autocast too, so about 1% of the
+    # bf16 run's image tokens differ from the fp32 run's, and with bf16 rounding a few
+    # weights end up to 2.5e-2 apart after 5 Adam steps of 3e-3 (observed on every
+    # backend; at most 3.1% of a tensor's elements more than 1e-2 apart). Precision not
+    # applied is bit-identical; a broken step moves most elements, not a few percent.
+    assert_close_not_identical(run, trained(name, "fp32"), rtol=1e-2, atol=3e-2)
     assert run.payload["precision"] == "bf16"
 
 

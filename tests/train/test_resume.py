@@ -77,13 +77,16 @@ def assert_same_training_state(got: Path, expected: Path) -> None:
             assert torch.equal(a["optimizer"]["state"][name][key], value), (name, key)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("uninterrupted")
-    status, out = finish(spawn(cli("train", "--vae_path", str(tiny_vae), *FLAGS,
+def uninterrupted_run(tiny_vae: Path, folder: Path, flags: list[str]) -> Path:
+    status, out = finish(spawn(cli("train", "--vae_path", str(tiny_vae), *flags,
                                    "--dalle_output_file_name", "dalle"), folder))
     assert status == 0, out
     return folder / "dalle.pt"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return uninterrupted_run(tiny_vae, tmp_path_factory.mktemp("uninterrupted"), FLAGS)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -130,11 +133,7 @@ GA_FLAGS = [*FLAGS, "--ga_steps", "2"]
 
 @pytest.fixture(scope="module")
 def uninterrupted_ga(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("uninterrupted_ga")
-    status, out = finish(spawn(cli("train", "--vae_path", str(tiny_vae), *GA_FLAGS,
-                                   "--dalle_output_file_name", "dalle"), folder))
-    assert status == 0, out
-    return folder / "dalle.pt"
+    return uninterrupted_run(tiny_vae, tmp_path_factory.mktemp("uninterrupted_ga"), GA_FLAGS)
 
 
 def test_sigterm_with_ga_steps_resumes_exactly(tiny_vae: Path, tmp_path: Path,
