@@ -1,11 +1,10 @@
 """Which device each rank takes, and the refusal of more local ranks than visible GPUs.
 
 There is no GPU here, so no real multi-GPU launch: the decision is a pure function of
-counts (rank_device), tested directly, and each backend's path to it is run for real with
-only torch's CUDA *query* (is_available, device_count) answering as a GPU machine would.
-The refusal must come before the process group is joined: on a CPU build any step past
-the choice (torch.cuda.set_device, init_process_group) fails with another error, so a
-backend that chose a device without refusing fails these tests too.
+counts (rank_device), tested directly, and each backend's select_device is given the
+visible GPU count a GPU machine would report (its `gpus` argument; nothing of torch is
+patched). That initialize() calls select_device before joining the process group is read
+in the code, not tested: it needs a machine with GPUs.
 """
 
 from __future__ import annotations
@@ -24,15 +23,6 @@ from dalle_dist.backends.torch_dist import local_ranks_from_env
 from dalle_dist.errors import ConfigError
 
 TORCHRUN = TorchBackend.launch_hint.replace("NAME", "torch")
-
-
-@pytest.fixture
-def gpus(monkeypatch: pytest.MonkeyPatch):
-    """Make torch's CUDA query report `n` visible GPUs (the query only: nothing runs on them)."""
-    def visible(n: int) -> None:
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
-        monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
-    return visible
 
 
 def test_each_local_rank_takes_its_own_gpu() -> None:
@@ -66,15 +56,14 @@ def test_without_a_local_count_the_ranks_past_the_last_gpu_refuse() -> None:
         rank_device(2, 1, 2, TORCHRUN)
 
 
-def test_one_visible_gpu_per_rank_names_the_explicit_device(gpus) -> None:
+def test_one_visible_gpu_per_rank_names_the_explicit_device() -> None:
     """A scheduler that binds each rank to a GPU of its own shows each rank one GPU; the
     user states that with --device cuda:0, which is honoured on every rank."""
     with pytest.raises(ConfigError, match=r"pass --device cuda:0\)$"):
         rank_device(1, 2, 1, TORCHRUN, cuda_visible_devices="3")
-    gpus(1)
     bound = TorchBackend(DistributedConfig(device="cuda:0"))
     bound.local_rank = 1
-    assert bound.select_device(2) == torch.device("cuda", 0)
+    assert bound.select_device(2, gpus=1) == torch.device("cuda", 0)
 
 
 @pytest.mark.parametrize(("backend", "fix"), [
@@ -83,13 +72,12 @@ def test_one_visible_gpu_per_rank_names_the_explicit_device(gpus) -> None:
     (DeepSpeedBackend, "deepspeed --num_gpus 2 --module dalle_dist train --deepspeed"),
     (HorovodBackend, "horovodrun -np 2 python -m dalle_dist train --distributed_backend horovod"),
 ])
-def test_the_fix_is_the_backends_own_launch_line(backend: type, fix: str, gpus) -> None:
+def test_the_fix_is_the_backends_own_launch_line(backend: type, fix: str) -> None:
     """Bug caught: a fix naming torchrun's flag for a deepspeed or horovod launch."""
-    gpus(2)
     chosen = backend(DistributedConfig())
     chosen.local_rank = 3
     with pytest.raises(ConfigError) as caught:
-        chosen.select_device(4)
+        chosen.select_device(4, gpus=2)
     assert str(caught.value).endswith(f"one per GPU: {fix})"), str(caught.value)
 
 
@@ -97,19 +85,14 @@ def test_the_fix_is_the_backends_own_launch_line(backend: type, fix: str, gpus) 
     (TorchBackend, "LOCAL_WORLD_SIZE"),  # torchrun's
     (DeepSpeedBackend, "LOCAL_SIZE"),  # the deepspeed launcher's
 ])
-def test_initialize_refuses_before_joining_the_group(backend: type, local_env: str, gpus,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_machine_short_of_a_gpu_stops_every_rank(backend: type, local_env: str) -> None:
     """Local rank 0 of 3 on a 2-GPU machine (two nodes): it has a GPU, but its machine is
-    short of one, so it stops too, before the process group. Bug caught: the machine's
-    rank count read from torchrun's variable only (the deepspeed launcher's is LOCAL_SIZE)."""
-    gpus(2)
-    for name, value in {"RANK": "0", "WORLD_SIZE": "6", "LOCAL_RANK": "0", local_env: "3",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
-        monkeypatch.setenv(name, value)
-    for other in {"LOCAL_WORLD_SIZE", "LOCAL_SIZE"} - {local_env}:
-        monkeypatch.delenv(other, raising=False)
+    short of one, so it stops too. Bug caught: the machine's rank count read from
+    torchrun's variable only (the deepspeed launcher's is LOCAL_SIZE)."""
+    env = {"RANK": "0", "WORLD_SIZE": "6", "LOCAL_RANK": "0", local_env: "3"}
+    chosen = backend(DistributedConfig())
     with pytest.raises(ConfigError, match="3 ranks on this machine but 2 visible GPU"):
-        backend(DistributedConfig()).initialize()
+        chosen.select_device(local_ranks_from_env(env), gpus=2)
     assert not torch.distributed.is_initialized()
 
 
@@ -119,13 +102,14 @@ def test_the_launchers_local_rank_count() -> None:
     assert local_ranks_from_env({"WORLD_SIZE": "8"}) is None  # not the world: other nodes
 
 
-def test_a_requested_device(gpus) -> None:
+def test_a_requested_device() -> None:
     """--device cuda:N is honoured as given; bare `cuda` is the rank's own GPU (cuda:0 for
     one process, not the index-less device DDP's device_ids cannot take)."""
-    gpus(2)
-    assert SingleBackend.on(torch.device("cuda")).device == torch.device("cuda", 0)
-    assert SingleBackend.on(torch.device("cuda", 1)).device == torch.device("cuda", 1)
-    assert SingleBackend.on(torch.device("cpu")).device == torch.device("cpu")
-    assert SingleBackend.on().device == torch.device("cuda", 0)
-    gpus(0)
-    assert SingleBackend.on().device == torch.device("cpu")
+    def chosen(device: torch.device | None, gpus: int) -> torch.device:
+        return SingleBackend.on(device).select_device(None, gpus=gpus)
+
+    assert chosen(torch.device("cuda"), 2) == torch.device("cuda", 0)
+    assert chosen(torch.device("cuda", 1), 2) == torch.device("cuda", 1)
+    assert chosen(torch.device("cpu"), 2) == torch.device("cpu")
+    assert chosen(None, 2) == torch.device("cuda", 0)
+    assert chosen(None, 0) == torch.device("cpu")

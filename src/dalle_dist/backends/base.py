@@ -378,7 +378,7 @@ class DistributedBackend(ABC):
             return self.select_device(self.local_world_size)
         return self._device
 
-    def select_device(self, local_ranks: int | None) -> torch.device:
+    def select_device(self, local_ranks: int | None, gpus: int | None = None) -> torch.device:
         """Choose this rank's device: --device as given, but `cuda` without an index (or no
         --device on a machine with GPUs) is the rank's own GPU, refused with a ConfigError
         when this machine runs more ranks than it has GPUs (rank_device). Called by
@@ -386,15 +386,18 @@ class DistributedBackend(ABC):
 
         local_ranks: the ranks on this machine, None when the launcher does not say (then
         only the ranks past the last GPU can tell, and the others time out waiting).
+        gpus: the GPUs this process sees (None: ask torch).
         """
+        if gpus is None:
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         requested = self.requested_device
         if requested is not None and (requested.type != "cuda" or requested.index is not None):
             device = requested
-        elif not torch.cuda.is_available():
+        elif gpus == 0:
             device = requested or torch.device("cpu")
         else:
             device = rank_device(self.local_rank, local_ranks or self.local_rank + 1,
-                                 torch.cuda.device_count(), self.launch_line(),
+                                 gpus, self.launch_line(),
                                  os.environ.get("CUDA_VISIBLE_DEVICES"))
         self._device = device
         return device
