@@ -165,11 +165,12 @@ class FlopReport:
     def lines(self) -> list[str]:
         flops = self.flops
         total = max(flops.total, 1)
-        width = max(len(name) for name in flops.forward) + 2
+        labels = {name: f"{self.model_name} {name}" if name == OWN else name
+                  for name in flops.forward}
+        width = max(len(label) for label in labels.values()) + 2
         rows = [f"{'module':<{width}}{'forward':>12}{'backward':>12}{'total':>12}{'share':>8}"]
-        for name in flops.forward:
-            own = f"{self.model_name} {name}" if name == OWN else name
-            rows.append(f"{own:<{width}}{human(flops.forward[name]) + 'FLOP':>12}"
+        for name, label in labels.items():
+            rows.append(f"{label:<{width}}{human(flops.forward[name]) + 'FLOP':>12}"
                         f"{human(flops.backward[name]) + 'FLOP':>12}"
                         f"{human(flops.of(name)) + 'FLOP':>12}"
                         f"{100 * flops.of(name) / total:>7.1f}%")
@@ -179,8 +180,9 @@ class FlopReport:
         ranks = f" x {self.world_size} ranks" if self.world_size > 1 else ""
         return [f"--flops_profiler: FLOPs of one forward and backward of {self.micro_batch} "
                 f"sample(s) per rank (torch.utils.flop_counter)", *rows,
-                f"step: {self.ga_steps} micro-batch(es) = {human(self.step_flops)}FLOP per "
-                f"rank{ranks}, {self.step_s * 1000:.1f} ms (mean of {TIMED_STEPS} optimizer "
+                f"step: {self.ga_steps} micro-batch(es) = {human(self.step_flops)}FLOP "
+                f"({self.flops.total} FLOP per micro-batch) per rank{ranks}, "
+                f"{self.step_s * 1000:.1f} ms (mean of {TIMED_STEPS} optimizer "
                 f"steps after a warm-up, slowest rank)",
                 f"achieved {human(self.achieved)}FLOP/s per rank; measured peak "
                 f"{human(self.peak)}FLOP/s ({self.peak_what}); MFU {100 * self.mfu:.2f}%"]
@@ -201,7 +203,7 @@ def profile_step(model: nn.Module, engine: Engine, backend: DistributedBackend,
         take_step(step)
     _sync(device)
     step_s = (time.perf_counter() - started) / TIMED_STEPS
-    peak, what = matmul_peak(device, engine.precision.dtype)
+    peak, what = matmul_peak(device, engine.precision.dtype or torch.float32)
     args = inputs(micro_batches[0])
 
     def backward(loss: torch.Tensor) -> None:
