@@ -56,7 +56,7 @@ def tracked_run(tmp_path_factory: pytest.TempPathFactory, tiny_vae: Path) -> dic
 
 def test_wandb_offline_run_holds_the_metrics_and_samples(tracked_run: dict) -> None:
     """Broken once: log_metrics passing step=None (W&B's own counter): the history rows
-    fell on steps 0..n, and step 1's loss was not at step 1."""
+    fell on steps 0..n-1, and the row of step 1 held step 2's numbers."""
     lines = [line for line in tracked_run["stdout"].splitlines() if "wandb sync" in line]
     assert len(lines) == 1, tracked_run["stdout"]
     sync_dir = Path(re.search(r"wandb sync (\S+)$", lines[0]).group(1))
@@ -117,8 +117,9 @@ def test_loss_plot_is_drawn_from_the_final_metrics(tracked_run: dict, tmp_path: 
 
 
 def test_bad_tracker_flags(tmp_path: Path, tiny_vae: Path) -> None:
-    """One line, exit 2, nothing written, before any training. Broken once: validate()
-    not called by the CLI: the run trained and failed in SummaryWriter with a traceback."""
+    """One line, exit 2, nothing written, before any training, naming the flag. Broken
+    once: TrackerConfig.validate() not called: SummaryWriter's own "File exists" came
+    out (as the tracker-start error) instead of the flag's message."""
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
     out = tmp_path / "out" / "dalle"
