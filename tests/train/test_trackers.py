@@ -145,3 +145,32 @@ def test_missing_package_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
         TrackerConfig(wandb_entity="team").validate()
     with pytest.raises(ConfigError, match=r"dalle_dist\[tensorboard\]"):
         TrackerConfig(tensorboard_dir="tb").validate()
+
+
+def test_wandb_goes_offline_without_key_or_network(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    """The mode is decided before wandb.init, without waiting: no key -> offline; a key
+    but a host that refuses the connection -> offline; a host that answers -> online.
+    Broken once: reachable() returning True without connecting: the refused host was
+    taken as online (and wandb.init would have waited up to INIT_TIMEOUT_S)."""
+    import socket
+
+    from dalle_dist.train.trackers import wandb_mode
+
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    assert wandb_mode()[0] == "offline"
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+        (tmp_path / "netrc").write_text("machine 127.0.0.1 login user password KEY\n")
+        monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+        assert wandb_mode() == ("online", "")
+    # the port is closed now: refused at once
+    mode, why = wandb_mode()
+    assert mode == "offline" and "did not answer" in why
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode()[0] is None, "WANDB_MODE is the user's: wandb reads it"
