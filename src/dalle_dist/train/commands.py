@@ -40,7 +40,7 @@ from dalle_dist.data import (
 from dalle_dist.data.images import make_grid, save_png
 from dalle_dist.data.loader import check_num_workers, default_num_workers
 from dalle_dist.data.tokenizer import load_tokenizer
-from dalle_dist.errors import ConfigError, DataError, OutputError
+from dalle_dist.errors import ConfigError, DataError, OutputError, Stopped
 from dalle_dist.model import DALLEConfig, PatternOptions, VAEConfig, build_pattern
 from dalle_dist.model.attention_paths import flex_dropout_error
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
@@ -232,11 +232,14 @@ class RunSetup:
             after_first_save=None if replaces is None else lambda: replaces.discard(log),
             on_save=log.saved)
         self.start_trackers(task, engine)
-        failed = True
+        failed = True  # a W&B run that ends in an error is marked failed
         try:
             train(task, engine, backend, loader, train_cfg, self.paths, log, state,
                   checkpointer)
             failed = False
+        except Stopped:  # a preempted run saved and resumes: it did not fail
+            failed = False
+            raise
         finally:
             log.close(failed)
         return engine
