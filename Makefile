@@ -29,7 +29,7 @@ $(DEEPSPEED): $(BASE)
 
 $(ENGINES): $(BASE) scripts/build_horovod.sh
 	scripts/build_horovod.sh $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev,deepspeed,horovod,webdataset]'
+	$(BIN)/pip install --quiet -e '.[dev,deepspeed,horovod,webdataset,tensorboard,wandb]'
 	touch $(ENGINES)
 
 # Trains a VAE (or reuses the cached one) and DALL-E on the built-in shapes, then prints

@@ -27,7 +27,8 @@ for command in commands:
         codes[" ".join(command)] = "no exit"
 print("CODES", {c: code for c, code in codes.items() if code not in (0, None)}, file=sys.stderr)
 loaded = sorted({m.split(".")[0] for m in sys.modules} & {"deepspeed", "horovod", "webdataset",
-                                                           "apex", "triton"})
+                                                           "apex", "triton", "wandb",
+                                                           "tensorboard"})
 print("LOADED", loaded, file=sys.stderr)
 """
 

@@ -57,23 +57,28 @@ class Checkpointer:
                  backend: DistributedBackend, *, every_n_steps: int = 0,
                  keep_n: int | None = None, save_first: bool = True,
                  after_first_save: Callable[[], None] | None = None,
-                 epochs: int | None = None) -> None:
+                 epochs: int | None = None,
+                 on_save: Callable[[int], None] | None = None) -> None:
         """path: the single file `NAME.pt` (a DeepSpeed run also writes `NAME-ds-cp/`);
         every_n_steps: 0 saves at epoch ends only; keep_n: None keeps the newest single
         file and every DeepSpeed tag; save_first: False when resuming from this run's
         own newest checkpoint; epochs: the run's number of epochs, so the save after the
-        last is known as the end (None: every epoch end is treated as one)."""
+        last is known as the end (None: every epoch end is treated as one); on_save:
+        called on the root with the step after each complete save (the loss plot is
+        redrawn there), after `after_first_save` at the first."""
         self.path = path
         self.subject, self.engine, self.backend = subject, engine, backend
         self.every_n_steps, self.keep_n = every_n_steps, keep_n
         self.save_first, self.after_first_save = save_first, after_first_save
         self.epochs = epochs
+        self.on_save = on_save
 
-    def save(self, state: LoopState, *, periodic: bool = False) -> None:
+    def save(self, state: LoopState, *, periodic: bool = False, announce: bool = True) -> None:
         """Save now. Collective: every rank's RNG states go into the root's file.
 
         periodic: a save on the way (every N steps, an epoch end before the last): a
         DeepSpeed engine then writes its tag without the single file (module docstring).
+        announce: call on_save after it (before_first_step calls it itself, later).
         """
         backend, engine = self.backend, self.engine
         with backend.waiting(f"the checkpoint save at step {state.step}"):
@@ -89,14 +94,22 @@ class Checkpointer:
             else:
                 save_single_file(engine, self.path, meta, self.keep_n)
             backend.barrier("the barrier after the root's write")
+        if announce:
+            self._announce(state)
+
+    def _announce(self, state: LoopState) -> None:
+        if self.on_save is not None and self.backend.is_root:
+            self.on_save(state.step)
 
     def before_first_step(self, state: LoopState) -> None:
-        """The save before training starts, then the `after_first_save` hook (root only)."""
+        """The save before training starts, then the `after_first_save` hook (root only),
+        then on_save: an earlier run's files are gone by then (--overwrite)."""
         if not self.save_first:
             return
-        self.save(state)
+        self.save(state, announce=False)
         if self.after_first_save is not None and self.backend.is_root:
             self.after_first_save()
+        self._announce(state)
 
     def after_step(self, state: LoopState, *, epoch_done: bool, stopping: bool) -> bool:
         """Called once after every optimizer step; True when it saved.

@@ -60,6 +60,9 @@ class OutputFiles(Protocol):
     @property
     def samples(self) -> Path: ...
 
+    @property
+    def loss_plot(self) -> Path: ...
+
 
 class ResumeChoice(Protocol):
     """The resume flags (train.config.ResumeConfig)."""
@@ -163,7 +166,7 @@ class Leftovers:
     def of(cls, paths: OutputFiles) -> Leftovers:
         kept = cls()
         history = history_dir(paths.checkpoint)
-        candidates = [paths.metrics]
+        candidates = [paths.metrics, paths.loss_plot]
         if history.is_dir():
             candidates += [p for p in history.iterdir() if HISTORY_PATTERN.match(p.name)]
         if paths.samples.is_dir():

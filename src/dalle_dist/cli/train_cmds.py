@@ -24,7 +24,9 @@ from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN
 from dalle_dist.train.config import (
     VAE_TRAIN_DEFAULTS,
+    ProfileConfig,
     ResumeConfig,
+    TrackerConfig,
     TrainConfig,
     VAESchedule,
 )
@@ -45,6 +47,7 @@ def _add_train_args(parser: argparse.ArgumentParser, defaults: TrainConfig) -> N
     add_flags(group, ResumeConfig)
     add_flags(group, DistributedConfig, only=["device"])
     add_flags(group, ComputeConfig, only=["no_tf32"])
+    add_flags(parser, TrackerConfig)
     add_backend_arguments(parser)
 
 
@@ -111,9 +114,12 @@ def run_train_vae(args: argparse.Namespace) -> int:
     resume = _resume_config(args, flag_values(VAEConfig, args))
     train_cfg = from_args(TrainConfig, args, clip_grad_norm=None)
     data_cfg = from_args(DataConfig, args, image_size=vae_cfg.image_size)
+    trackers = from_args(TrackerConfig, args)
+    trackers.validate()
     return run_on_backend(args, lambda backend: train_vae(
         vae_cfg, from_args(VAESchedule, args), train_cfg, data_cfg,
-        args.vae_output_file_name, backend, resume=resume, tf32=not args.no_tf32))
+        args.vae_output_file_name, backend, resume=resume, tf32=not args.no_tf32,
+        trackers=trackers))
 
 
 # -- train ---------------------------------------------------------------------------
@@ -138,6 +144,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     add_flags(model, ComputeConfig, only=["attn_impl"])  # --no_tf32: with the training flags
     _add_train_args(p, TrainConfig())
     add_flags(p, TrainConfig, only=["clip_grad_norm"])
+    add_flags(p, ProfileConfig)
     p.add_argument("--lr_decay", action="store_true",
                    help="halve the learning rate when the epoch loss plateaus")
     add_flags(p, VAEConfig, only=["image_size"],
@@ -158,9 +165,12 @@ def run_train(args: argparse.Namespace) -> int:
                             "--dalle_path")
     train_cfg = from_args(TrainConfig, args)
     data_cfg = from_args(DataConfig, args, image_size=args.image_size)
+    trackers = from_args(TrackerConfig, args)
+    trackers.validate()
     return run_on_backend(args, lambda backend: train_dalle(
         model_args, train_cfg, data_cfg, args.dalle_output_file_name, backend,
         vae_path=args.vae_path, resume=resume, bpe_path=from_args(TokenizerConfig, args).bpe_path,
         attn_impl=args.attn_impl, text_seq_len=text_seq_len, lr_decay=args.lr_decay,
         fidelity_images=args.fidelity_images, builtin_vae_epochs=args.builtin_vae_epochs,
-        tf32=not args.no_tf32))
+        tf32=not args.no_tf32, trackers=trackers,
+        flops_profiler=from_args(ProfileConfig, args).flops_profiler))

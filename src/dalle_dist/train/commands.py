@@ -7,10 +7,11 @@ The backend arrives initialized; every rank runs these functions.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +40,24 @@ from dalle_dist.data import (
 from dalle_dist.data.images import make_grid, save_png
 from dalle_dist.data.loader import check_num_workers, default_num_workers
 from dalle_dist.data.tokenizer import load_tokenizer
-from dalle_dist.errors import ConfigError, DataError
+from dalle_dist.errors import ConfigError, DataError, OutputError, Stopped
 from dalle_dist.model import DALLEConfig, PatternOptions, VAEConfig, build_pattern
 from dalle_dist.model.attention_paths import flex_dropout_error
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
-from dalle_dist.train.config import ResumeConfig, RunPaths, TrainConfig, VAESchedule
+from dalle_dist.train.config import (
+    ResumeConfig,
+    RunPaths,
+    TrackerConfig,
+    TrainConfig,
+    VAESchedule,
+)
 from dalle_dist.train.dalle_task import DALLETask
 from dalle_dist.train.evaluate import evaluate_fidelity
-from dalle_dist.train.loop import inference_model, train
+from dalle_dist.train.flops import profile_step
+from dalle_dist.train.loop import DeviceSums, inference_model, optimizer_step, train
 from dalle_dist.train.run_log import RunLog
 from dalle_dist.train.task import Task
+from dalle_dist.train.trackers import Tracker, open_trackers
 from dalle_dist.train.vae_task import VAETask
 
 Loader = EpochLoader | WebDatasetLoader
@@ -170,11 +179,13 @@ class RunSetup:
     log: RunLog
     start: Start
     payload: dict[str, Any] | None  # the checkpoint continued from; None: a fresh run
+    trackers: TrackerConfig = field(default_factory=TrackerConfig)
 
     @classmethod
     def begin(cls, kind: str, output_flag: str, backend: DistributedBackend,
               train_cfg: TrainConfig, resume: ResumeConfig, paths: RunPaths,
-              log: RunLog, tf32: bool = True) -> RunSetup:
+              log: RunLog, tf32: bool = True, trackers: TrackerConfig | None = None
+              ) -> RunSetup:
         """What every command does before its model exists, with every rank on one path:
         TF32 set for CUDA, the flags checked on all ranks, the output and resume decided
         by the root, the checkpoint to continue read by all and held against the model
@@ -189,7 +200,8 @@ class RunSetup:
         if payload is not None:
             check_flags_agree(resume.given_model, payload["configs"]["model"],
                               payload["loaded_from"])
-        return cls(backend, train_cfg, resume, paths, log, start, payload)
+        return cls(backend, train_cfg, resume, paths, log, start, payload,
+                   trackers or TrackerConfig())
 
     def loader(self, make: Callable[[int], Loader], data_cfg: DataConfig, flag: str
                ) -> Loader:
@@ -217,24 +229,88 @@ class RunSetup:
             self.paths.checkpoint, task, engine, backend,
             every_n_steps=train_cfg.save_every_n_steps, keep_n=self.resume.keep_n_checkpoints,
             save_first=not self.start.own, epochs=train_cfg.epochs,
-            after_first_save=None if replaces is None else lambda: replaces.discard(log))
-        train(task, engine, backend, loader, train_cfg, self.paths, log, state, checkpointer)
+            after_first_save=None if replaces is None else lambda: replaces.discard(log),
+            on_save=log.saved)
+        self.start_trackers(task, engine)
+        failed = True  # a W&B run that ends in an error is marked failed
+        try:
+            train(task, engine, backend, loader, train_cfg, self.paths, log, state,
+                  checkpointer)
+            failed = False
+        except Stopped:  # a preempted run saved and resumes: it did not fail
+            failed = False
+            raise
+        finally:
+            log.close(failed)
         return engine
+
+    def profile_flops(self, task: Task, loader: Loader) -> None:
+        """--flops_profiler: the checkpoint's weights (when resuming) into the model, the
+        model distributed, one step's FLOPs counted and timed (train/flops.py) and printed
+        by the root. Optimizer steps are taken in memory only: nothing is saved."""
+        backend, log = self.backend, self.log
+        if self.payload is not None and self.payload["weights"] is not None:
+            task.model.load_state_dict(self.payload["weights"])
+        engine = distribute(task, backend, self.train_cfg)
+        micro_batches = list(itertools.islice(loader.epoch(0), engine.ga_steps))
+        if len(micro_batches) < engine.ga_steps:
+            raise DataError(f"--flops_profiler needs {engine.ga_steps} micro-batches per rank, "
+                            f"the data gives {len(micro_batches)}", "lower --ga_steps or "
+                            "--batch_size, or add data")
+
+        def take_step(step: int) -> None:
+            optimizer_step(task, engine, backend, micro_batches, self.train_cfg, DeviceSums(),
+                           step)
+
+        with backend.waiting("the --flops_profiler step"):
+            report = profile_step(task.model, engine, backend,
+                                  lambda batch: task.inputs(batch, backend.device),
+                                  micro_batches, take_step)
+        for line in report.lines():
+            log.info(line)
+        log.info("--flops_profiler: done; nothing was trained or saved")
+
+    def start_trackers(self, task: Task, engine: Engine) -> None:
+        """W&B and TensorBoard on the root, fed by the log from here on; the root's
+        failure to start one reaches every rank as one error (nothing waits for it)."""
+        if not (self.trackers.wandb or self.trackers.tensorboard_dir):
+            return
+        log, backend = self.log, self.backend
+        config = {**{k: v for k, v in task.configs().items() if k != "tokenizer"},
+                  "run": {"backend": backend.name, "world_size": backend.world_size,
+                          "precision": backend.precision_name, "ga_steps": engine.ga_steps,
+                          "output": str(self.paths.checkpoint)}}
+
+        def start() -> None:
+            try:
+                opened: list[Tracker] = open_trackers(
+                    self.trackers, self.paths.checkpoint.stem,
+                    self.paths.checkpoint.parent, log.info)
+            except Exception as error:
+                what = str(error).splitlines()[0] if str(error) else repr(error)
+                raise OutputError(f"an experiment tracker did not start: {what}",
+                                  "check --wandb_*/--tensorboard_dir, or leave them out"
+                                  ) from error
+            log.attach(opened, config)
+
+        backend.on_root("the tracker start", start)
 
 
 def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
               data_cfg: DataConfig, output: str, backend: DistributedBackend,
               log: RunLog | None = None, paths: RunPaths | None = None,
-              resume: ResumeConfig | None = None, tf32: bool = True) -> Path:
+              resume: ResumeConfig | None = None, tf32: bool = True,
+              trackers: TrackerConfig | None = None) -> Path:
     """Train a discrete VAE; returns the checkpoint path. tf32: fp32 matmuls and
-    convolutions in TF32 on CUDA (set_tf32)."""
+    convolutions in TF32 on CUDA (set_tf32); trackers: W&B / TensorBoard (off: None)."""
     resume = resume or ResumeConfig()
-    for cfg in (vae_cfg, schedule, train_cfg, resume):
+    trackers = trackers or TrackerConfig()
+    for cfg in (vae_cfg, schedule, train_cfg, resume, trackers):
         cfg.validate()
     paths = paths or RunPaths.for_output(output)
-    log = log or RunLog(paths.metrics, backend.is_root)
+    log = log or RunLog(paths.metrics, backend.is_root, loss_plot=paths.loss_plot)
     run = RunSetup.begin("vae", "--vae_output_file_name", backend, train_cfg, resume, paths, log,
-                         tf32)
+                         tf32, trackers)
     if run.payload is not None:
         vae_cfg = VAEConfig.from_dict(run.payload["configs"]["model"])
     loader = run.loader(lambda workers: rank_loader(
@@ -286,13 +362,18 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
                 resume: ResumeConfig | None = None, bpe_path: str | None = None,
                 text_seq_len: int = 48, lr_decay: bool = False, fidelity_images: int = 64,
                 attn_impl: str = "auto", cache_dir: Path | None = None,
-                builtin_vae_epochs: int = BUILTIN_VAE_TRAIN.epochs, tf32: bool = True
+                builtin_vae_epochs: int = BUILTIN_VAE_TRAIN.epochs, tf32: bool = True,
+                trackers: TrackerConfig | None = None, flops_profiler: bool = False
                 ) -> float | None:
     """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere).
-    tf32: fp32 matmuls and convolutions in TF32 on CUDA (set_tf32)."""
+    tf32: fp32 matmuls and convolutions in TF32 on CUDA (set_tf32); trackers: W&B /
+    TensorBoard (off: None); flops_profiler: count and time one forward and backward,
+    print the table (train/flops.py) and return None without training or saving."""
     resume = resume or ResumeConfig()
+    trackers = trackers or TrackerConfig()
     train_cfg.validate()
     resume.validate()
+    trackers.validate()
     if vae_path and resume.source and resume.source != "auto":
         raise ConfigError(f"--vae_path and {resume.flag} cannot be combined",
                           "a DALL-E checkpoint carries its VAE; drop --vae_path")
@@ -307,9 +388,9 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
         build_pattern(name, options)
     check_attn_impl(attn_impl, backend.device, model_args.get("attn_dropout", 0.0))
     paths = RunPaths.for_output(output)
-    log = RunLog(paths.metrics, backend.is_root)
+    log = RunLog(paths.metrics, backend.is_root, loss_plot=paths.loss_plot)
     run = RunSetup.begin("dalle", "--dalle_output_file_name", backend, train_cfg, resume,
-                         paths, log, tf32)
+                         paths, log, tf32, trackers)
     if run.payload is not None:
         model_cfg, vae, tokenizer = dalle_parts(run.payload)
         if vae_path:
@@ -339,6 +420,9 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), lr_decay,
                      backend.device, attn_impl, precision=backend.precision())
     n_params = sum(p.numel() for p in task.model.parameters())
+    if flops_profiler:
+        run.profile_flops(task, loader)
+        return None
     engine = run.train(task, loader, f"training DALL-E: {n_params / 1e6:.2f}M parameters, "
                        f"{model_cfg.text_seq_len} text + {model_cfg.image_seq_len} image tokens")
     log.info(f"saved DALL-E to {paths.checkpoint}")

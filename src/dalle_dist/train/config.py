@@ -127,3 +127,76 @@ class RunPaths:
     @property
     def samples(self) -> Path:
         return self.checkpoint.with_name(self.checkpoint.stem + "-samples")
+
+    @property
+    def loss_plot(self) -> Path:
+        """NAME-loss.png, beside NAME-samples/: redrawn from the metrics at every save."""
+        return self.checkpoint.with_name(self.checkpoint.stem + "-loss.png")
+
+
+#: DALLE-pytorch's W&B project when --wandb_name is not given (its train_dalle.py default)
+WANDB_DEFAULT_PROJECT = "dalle_train_transformer"
+
+
+@dataclass(frozen=True)
+class TrackerConfig(DictConfig):
+    """Experiment trackers the root rank feeds besides NAME.metrics.jsonl (train/trackers.py).
+
+    DALLE-pytorch always logs to W&B; here it is on when --wandb_name or --wandb_entity is
+    given, so a run without either needs no account, no package and no network.
+    """
+
+    wandb_name: str | None = option(
+        None, "log config, metrics and sample grids to Weights & Biases under this project "
+        "(DALLE-pytorch's flag: it names the W&B project); offline, with a `wandb sync` line, "
+        "when no API key or no network is found; needs the wandb extra",
+        metavar="PROJECT", default_text=f"default: W&B off; {WANDB_DEFAULT_PROJECT} when only "
+        "--wandb_entity is given", group="trackers")
+    wandb_entity: str | None = option(
+        None, "W&B team or user to log to (turns W&B on, like --wandb_name)",
+        metavar="ENTITY", default_text="default: your W&B default entity", group="trackers")
+    tensorboard_dir: str | None = option(
+        None, "write TensorBoard event files (metrics and sample grids) here; needs the "
+        "tensorboard extra", metavar="DIR", default_text="default: off", group="trackers")
+
+    @property
+    def wandb(self) -> bool:
+        return self.wandb_name is not None or self.wandb_entity is not None
+
+    @property
+    def wandb_project(self) -> str:
+        return self.wandb_name or WANDB_DEFAULT_PROJECT
+
+    def validate(self) -> None:
+        """Refuse what cannot work before anything is written: empty names, a missing
+        package (imported only here and by the tracker, never by `import dalle_dist`)."""
+        import importlib.util
+
+        for flag, value in (("--wandb_name", self.wandb_name),
+                            ("--wandb_entity", self.wandb_entity),
+                            ("--tensorboard_dir", self.tensorboard_dir)):
+            if value is not None and not value.strip():
+                raise ConfigError(f"{flag} is empty", f"give a name, or leave {flag} out")
+        if self.wandb and importlib.util.find_spec("wandb") is None:
+            raise ConfigError("--wandb_name/--wandb_entity need Weights & Biases, which is not "
+                              "installed", "pip install 'dalle_dist[wandb]', or leave the "
+                              "W&B flags out")
+        if self.tensorboard_dir is not None:
+            if importlib.util.find_spec("tensorboard") is None:
+                raise ConfigError("--tensorboard_dir needs TensorBoard, which is not installed",
+                                  "pip install 'dalle_dist[tensorboard]', or leave "
+                                  "--tensorboard_dir out")
+            path = Path(self.tensorboard_dir)
+            if path.exists() and not path.is_dir():
+                raise ConfigError(f"--tensorboard_dir {path} is a file, not a folder",
+                                  "give a folder (it is created when missing)")
+
+
+@dataclass(frozen=True)
+class ProfileConfig(DictConfig):
+    """`train --flops_profiler`: measure one step instead of training (train/flops.py)."""
+
+    flops_profiler: bool = option(
+        False, "count the FLOPs of one forward and backward per top-level module, time the "
+        "step, print achieved FLOP/s and MFU against a measured matmul peak, then exit 0 "
+        "without training or saving (DALLE-pytorch's flag; every backend)")

@@ -106,10 +106,11 @@ def inference_model(task: Task, engine: Engine, backend: DistributedBackend) -> 
 
 
 def write_samples(task: Task, engine: Engine, backend: DistributedBackend, batch: Batch,
-                  path: Path) -> None:
+                  path: Path, log: RunLog | None = None, step: int = 0) -> None:
     """A sample grid, drawn on a forked RNG: how often samples are taken must not change
     the random numbers training sees (or a resumed run would diverge). The fork covers
-    building the inference copy too: initialising its weights draws from the RNG."""
+    building the inference copy too: initialising its weights draws from the RNG.
+    The written PNG goes to the log's trackers as the image "samples" at `step`."""
     device = backend.device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         with backend.waiting(f"the sample grid {path.name}"):
@@ -118,6 +119,8 @@ def write_samples(task: Task, engine: Engine, backend: DistributedBackend, batch
             return
         with engine.working_alone():
             save_png(task.sample_grid(model, batch, device), path)
+            if log is not None:
+                log.image("samples", path, step)
 
 
 def check_replicas(engine: Engine, backend: DistributedBackend, log: RunLog) -> list[str]:
@@ -247,7 +250,7 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
                 window = MetricWindow()
             if config.sample_every_n_steps and state.step % config.sample_every_n_steps == 0:
                 write_samples(task, engine, backend, window_batches[-1],
-                              paths.samples / f"step-{state.step:07d}.png")
+                              paths.samples / f"step-{state.step:07d}.png", log, state.step)
             checkpointer.after_step(state, epoch_done=epoch_done, stopping=stop)
             log.progress(**shown)  # the step's end (tests/backends/sync_probe.py counts on it)
             if stop:
