@@ -3,8 +3,11 @@
 The knowledge is data (dalle_dist.diagnose.signatures); this module only reads a log
 and picks among the signatures it matches:
 
-1. Lines are matched after removing ANSI colours and rank/logger prefixes
-   (`[rank0]:`, `[1,0]<stderr>:`, DeepSpeed's `[<time>] [INFO] [file:line:func]`).
+1. Lines are matched after removing ANSI colours and what launchers, loggers and CI put
+   before a line (`[rank0]:`, `[1,0]<stderr>:`, `<stderr>:`, timestamps, glog headers
+   such as `E0213 12:07:20.086 42 api.py:874]`, DeepSpeed's `[<time>] [INFO] [f:l:fn]`,
+   Python logging's `ERROR:name:`, quoting `> ` and backticks of pasted logs), so a
+   signature keys on the engine's own wording only.
 2. Each matching line gets a place score: 3 inside torchrun's "Root Cause (first observed
    failure)" section, 2 on an exception line (`SomethingError: ...`, the last line of a
    traceback) or an `error: ...` line, 1 anywhere else. Launchers repeat a failure as
@@ -12,11 +15,21 @@ and picks among the signatures it matches:
    line a failing rank raised, or the one torchrun names as first, is the telling one.
 3. The failure with the highest place score wins; on a tie the signature listed first in
    SIGNATURES (root causes before their follow-on symptoms); then the earliest line.
+   Catch-all entries (`fallback`, e.g. any NCCL error) decide only when no specific
+   failure matched, whatever their place.
 4. A line that several signatures match is harmless or a failure as the first of them
-   in SIGNATURES says (Apex's fallback warning quotes an ImportError; DeepSpeed's last
-   OVERFLOW line before the minimum scale is a failure). Harmless lines never decide a
-   log that holds a failure; a log with only harmless matches is category `benign`, and
-   a log with no match is `unknown`: doctor names no cause it has not recognised.
+   in SIGNATURES says (Apex's fallback warning quotes an ImportError; the OVERFLOW line
+   where the loss scale reaches its floor is a failure). Harmless lines never decide a
+   log that holds a failure. A log with only harmless matches is category `benign`,
+   unless it also holds an exception line nothing explains (then the run failed for a
+   reason doctor does not know: `unknown`). A log with no match is `unknown`: doctor
+   names no cause it has not recognised.
+5. Sequence signatures (`scale_at_most`) read every line they match and apply only when
+   the loss scale they capture falls to the floor: a collapsing scale, not warm-up.
+
+`confidence` (0..1) says how clear the reading is: the place of the deciding line, lowered
+when other failure categories match equally telling lines or when exception lines stay
+unexplained; `alternatives` name up to two other categories with the line each rests on.
 """
 
 from __future__ import annotations
@@ -30,19 +43,40 @@ from typing import Any
 from dalle_dist.diagnose.signatures import BENIGN, SIGNATURES, UNKNOWN, Signature
 
 MAX_MATCHES = 10
+MAX_ALTERNATIVES = 2
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-# What launchers and loggers put before a rank's own line; removed before matching.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\n]*\x07")
+# What launchers, loggers, CI and issue trackers put before a rank's own line; removed
+# (repeatedly: prefixes stack, e.g. `[rank0]:[E321 02:07:08.4 ProcessGroupNCCL.cpp:607] `)
+# before matching. Every alternative ends in a separator, so no message text is eaten.
 _PREFIX = re.compile(
-    r"^(?:\[(?:rank|default)\d+\]:[ \t]?"                          # torchrun --tee, torch >= 2.2
+    r"^(?:[ \t]*(?:"
+    r"\[(?:rank|default)\d+\]:[ \t]?"                              # torchrun --tee
     r"|\[\d+(?:,\d+)?\]<std(?:out|err)>:[ \t]?"                    # horovodrun, mpirun
-    r"|\[\d{4}-\d\d-\d\d [\d:,.]+\] \[[A-Z]+\] \[[^\]\n]*\][ \t]?"  # DeepSpeed's logger
-    r")+", re.MULTILINE)
+    r"|<std(?:out|err)>:[ \t]?"
+    r"|\[\d{4}-\d\d-\d\d[ T][\d:,.]+\](?:[ \t]?\[[^\]\n]*\]){0,2}(?:[ \t]?-)?[ \t]?"  # DS
+    # (level and file:line:func at most: DeepSpeed's own `[deepspeed] OVERFLOW!` stays)
+    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+    r"(?:[ \t]+\|)?[ \t]+(?:(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b[ \t:-]*)?"
+    r"|\d\d/\d\d[ \t]\d\d:\d\d:\d\d[ \t]-[ \t][\w.]+[ \t]-[ \t][A-Z]+[ \t]-[ \t]"  # mmengine
+    r"|\[?[IWEF]\d{4}[ \t][\d:.]+(?:[ \t]+\d+)?[ \t]+[\w./\\-]+:\d+\][ \t]?"        # glog
+    r"|\[[IWEF][ \t][\w./\\-]+:\d+\][ \t]?"                        # [E socket.cpp:793]
+    r"|\[c10d\][ \t]?"
+    r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]+:[ \t]?"        # Python logging
+    r"|\[\d+\][ \t](?=\[rank)"                                     # pid before [rankN]
+    r"|[\w.-]+:[ \t](?=\[rank\d+\])"                               # pdsh host before rank
+    r"|\((?:\w+[ \t])?pid=\d+(?:,[ \t]ip=[\d.]+)?\)[ \t]"          # ray workers
+    r"|>[ \t]?"                                                    # quoted in an issue
+    r"|`+|\*\*"                                                    # markdown around lines
+    r"))+", re.MULTILINE)
 _ROOT_CAUSE = re.compile(r"^.*Root Cause \(first observed failure\):", re.MULTILINE)
 _BORDER = re.compile(r"^=+[ \t]*$", re.MULTILINE)
 _EXCEPTION_LINE = re.compile(
     r"^\s*(?:[A-Za-z_]\w*\.)*(?:\w+(?:Error|Exception|Exit|Interrupt)|Exception)(?::|$)")
 _ERROR_LINE = re.compile(r"^(?:[\w.\-]+(?: [\w\-]+)?: )?error: ")
+# Launchers' own wrappers around a rank's failure: never the cause themselves.
+_WRAPPER = re.compile(r"ChildFailedError|ProcessRaisedException|CalledProcessError|"
+                      r"SystemExit|KeyboardInterrupt")
 
 
 @dataclass(frozen=True)
@@ -54,6 +88,14 @@ class Match:
 
 
 @dataclass(frozen=True)
+class Alternative:
+    """Another category the log also matched, and the line that reading rests on."""
+
+    category: str
+    line: str
+
+
+@dataclass(frozen=True)
 class Diagnosis:
     category: str
     cause: str
@@ -62,12 +104,18 @@ class Diagnosis:
     matches: tuple[Match, ...] = ()
     benign: tuple[str, ...] = ()   # notes on harmless warnings seen in the log
     signature: str | None = None   # the id of the deciding signature
+    confidence: float = 0.0        # 0..1; 0 for unknown
+    alternatives: tuple[Alternative, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """The `--json` object, exactly the issue's five keys (harmless-warning notes are
-        in the human output; a log of only harmless warnings is category `benign`)."""
+        """The `--json` object: the issue's five keys, then `confidence` and up to two
+        `alternatives` ({category, line}). Harmless-warning notes are in the human
+        output; a log of only harmless warnings is category `benign`."""
         return {"category": self.category, "cause": self.cause, "fix": self.fix,
-                "check": self.check, "matches": [m.text for m in self.matches]}
+                "check": self.check, "matches": [m.text for m in self.matches],
+                "confidence": self.confidence,
+                "alternatives": [{"category": a.category, "line": a.line}
+                                 for a in self.alternatives]}
 
 
 @dataclass(frozen=True)
@@ -104,6 +152,13 @@ def _root_cause_lines(clean: str, starts: list[int]) -> set[int]:
     return lines
 
 
+def _as_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return float("inf")
+
+
 def _find_hits(clean: str, starts: list[int]) -> list[_Hit]:
     hits = []
     for order, signature in enumerate(SIGNATURES):
@@ -112,9 +167,16 @@ def _find_hits(clean: str, starts: list[int]) -> list[_Hit]:
         found: dict[int, dict[str, str]] = {}
         for pattern in _compiled(order):
             for m in pattern.finditer(clean):
+                groups = {k: v for k, v in m.groupdict().items() if v is not None}
+                if signature.scale_at_most is not None and \
+                        _as_float(groups.get("scale", "inf")) > signature.scale_at_most:
+                    continue  # a sequence applies from the line the scale hits the floor
                 line = bisect.bisect_right(starts, m.start()) - 1
                 if line not in found:  # the first pattern that matches a line names groups
-                    found[line] = {k: v for k, v in m.groupdict().items() if v is not None}
+                    found[line] = groups
+        if signature.scale_at_most is not None and found:
+            first = min(found)  # the sequence decides on the first line at the floor
+            found = {first: found[first]}
         hits.extend(_Hit(line, order, signature, groups) for line, groups in found.items())
     return hits
 
@@ -135,6 +197,17 @@ def _matches(hits: list[_Hit], best: _Hit | None, raw_lines: list[str]) -> tuple
 
 def _unique(items: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
+
+
+def _unexplained_exceptions(clean_lines: list[str], explained: set[int]) -> list[int]:
+    """Exception lines (the last line of a traceback) that no signature matched, launcher
+    wrappers aside: evidence of a failure doctor does not know."""
+    return [i for i, text in enumerate(clean_lines)
+            if i not in explained and _EXCEPTION_LINE.match(text)
+            and not _WRAPPER.search(text)]
+
+
+_PLACE_CONFIDENCE = {3: 0.95, 2: 0.9, 1: 0.75}
 
 
 def diagnose(text: str) -> Diagnosis:
@@ -160,27 +233,52 @@ def diagnose(text: str) -> Diagnosis:
     failures = [h for h in hits if not h.signature.benign and not first[h.line].signature.benign]
     harmless = [h for h in hits if h.signature.benign and first[h.line].signature.benign]
     notes = _unique([h.signature.cause for h in sorted(harmless, key=lambda h: h.order)])
+    unexplained = _unexplained_exceptions(clean_lines, {h.line for h in hits})
 
     if failures:
-        best = max(failures, key=lambda h: (place(h.line), -h.order, -h.line))
+        def rank(h: _Hit) -> tuple[bool, int, int, int]:
+            # Catch-all entries decide only when no specific failure matched.
+            return not h.signature.fallback, place(h.line), -h.order, -h.line
+
+        best = max(failures, key=rank)
         signature = best.signature
         same = [h for h in failures if h.signature.category == signature.category]
+        # The best line of every other category, most telling first.
+        others: dict[str, _Hit] = {}
+        for hit in sorted(failures, key=rank, reverse=True):
+            # A line another signature claims first is that signature's reading only.
+            if hit.signature.category != signature.category and first[hit.line] is hit:
+                others.setdefault(hit.signature.category, hit)
+        alternatives = tuple(Alternative(h.signature.category, raw_lines[h.line].strip())
+                             for h in list(others.values())[:MAX_ALTERNATIVES])
+        confidence = _PLACE_CONFIDENCE[place(best.line)]
+        if any(place(h.line) >= place(best.line) for h in others.values()):
+            confidence *= 0.7   # another category is as telling: a close call
+        elif others:
+            confidence *= 0.9
+        if place(best.line) < 2 and any(i > best.line for i in unexplained):
+            confidence *= 0.75  # the run later raised something no signature explains
+        if signature.fallback:
+            confidence *= 0.8   # only a catch-all matched
         return Diagnosis(
             category=signature.category, cause=_fill(signature.cause, best.groups),
             fix=_fill(signature.fix, best.groups), check=_fill(signature.check, best.groups),
-            matches=_matches(same, best, raw_lines), benign=notes, signature=signature.id)
-    if harmless:
+            matches=_matches(same, best, raw_lines), benign=notes, signature=signature.id,
+            confidence=round(confidence, 2), alternatives=alternatives)
+    if harmless and not unexplained:
         lead = min(harmless, key=lambda h: (h.order, h.line)).signature
         return Diagnosis(
             category=BENIGN,
             cause="only harmless warnings, no failure: " + "; ".join(notes),
             fix="nothing to fix for these; if the run did fail, its error is not in this log",
             check=lead.check, matches=_matches(harmless, None, raw_lines), benign=notes,
-            signature=lead.id)
+            signature=lead.id, confidence=0.6)
+    cause = (f"none of the {sum(not s.benign for s in SIGNATURES)} known failure "
+             "signatures matches this log")
+    if unexplained:
+        cause += f" (its error is: {clean_lines[unexplained[-1]].strip()[:160]})"
     return Diagnosis(
-        category=UNKNOWN,
-        cause=f"none of the {sum(not s.benign for s in SIGNATURES)} known failure "
-              "signatures matches this log",
+        category=UNKNOWN, cause=cause,
         fix="read the first error of the first rank that failed (torchrun's Root Cause, or "
             "the earliest traceback); dalle-dist check shows what this machine can run",
-        check="dalle-dist check")
+        check="dalle-dist check", benign=notes)
