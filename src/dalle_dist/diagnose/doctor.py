@@ -35,7 +35,11 @@ unexplained; `alternatives` name up to two other categories with the line each r
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
+import re._constants as _constants  # the parsed form of a pattern, for its literal runs
+import re._parser as _parser
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -57,7 +61,7 @@ _PREFIX = re.compile(
     r"|\[\d{4}-\d\d-\d\d[ T][\d:,.]+\](?:[ \t]?\[[^\]\n]*\]){0,2}(?:[ \t]?-)?[ \t]?"  # DS
     # (level and file:line:func at most: DeepSpeed's own `[deepspeed] OVERFLOW!` stays)
     r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
-    r"(?:[ \t]+\|)?[ \t]+(?:(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b[ \t:-]*)?"
+    r"(?:[ \t]+\|)?[ \t]+(?:-[ \t]+)?(?:(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b[ \t:-]*)?"
     r"|\d\d/\d\d[ \t]\d\d:\d\d:\d\d[ \t]-[ \t][\w.]+[ \t]-[ \t][A-Z]+[ \t]-[ \t]"  # mmengine
     r"|\[?[IWEF]\d{4}[ \t][\d:.]+(?:[ \t]+\d+)?[ \t]+[\w./\\-]+:\d+\][ \t]?"        # glog
     r"|\[[IWEF][ \t][\w./\\-]+:\d+\][ \t]?"                        # [E socket.cpp:793]
@@ -69,8 +73,7 @@ _PREFIX = re.compile(
     r"|>[ \t]?"                                                    # quoted in an issue
     r"|`+|\*\*"                                                    # markdown around lines
     r"))+", re.MULTILINE)
-_ROOT_CAUSE = re.compile(r"^.*Root Cause \(first observed failure\):", re.MULTILINE)
-_BORDER = re.compile(r"^=+[ \t]*$", re.MULTILINE)
+_BORDER = re.compile(r"^=+[ \t]*$")
 _EXCEPTION_LINE = re.compile(
     r"^\s*(?:[A-Za-z_]\w*\.)*(?:\w+(?:Error|Exception|Exit|Interrupt)|Exception)(?::|$)")
 _ERROR_LINE = re.compile(r"^(?:[\w.\-]+(?: [\w\-]+)?: )?error: ")
@@ -126,29 +129,146 @@ class _Hit:
     groups: dict[str, str]
 
 
-@cache
-def _compiled(order: int) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(p, re.MULTILINE) for p in SIGNATURES[order].patterns)
+@dataclass(frozen=True)
+class _Pattern:
+    """A compiled pattern and the literal runs any match must contain (for the prefilter)."""
+
+    regex: re.Pattern[str]
+    literals: tuple[str, ...]   # lower-cased: the prefilter scans the lower-cased log
+
+
+def _literal_runs(pattern: str) -> tuple[str, ...]:
+    """Runs of plain characters (3 or more) that every match of `pattern` contains, read
+    from the parsed pattern: top-level literals and plain groups, never inside
+    alternatives, repeats or classes; lower-cased."""
+    runs: list[str] = []
+    run: list[str] = []
+
+    def flush() -> None:
+        if len(run) >= 3:
+            runs.append("".join(run).lower())
+        run.clear()
+
+    def walk(items: Any) -> None:
+        for op, av in items:
+            if op is _constants.LITERAL:
+                run.append(chr(av))
+            elif op is _constants.SUBPATTERN and \
+                    not any(o is _constants.BRANCH for o, _ in av[3]):
+                walk(av[3])
+            elif op is not _constants.AT:
+                flush()
+
+    walk(list(_parser.parse(pattern)))
+    flush()
+    return tuple(runs)
 
 
 @cache
-def _required(order: int) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(p, re.MULTILINE) for p in SIGNATURES[order].requires)
+def _patterns(order: int) -> tuple[tuple[_Pattern, ...], tuple[_Pattern, ...]]:
+    """The signature's patterns and requires, compiled, with their literal runs."""
+    def build(sources: tuple[str, ...]) -> tuple[_Pattern, ...]:
+        return tuple(_Pattern(re.compile(p, re.MULTILINE), _literal_runs(p)) for p in sources)
+
+    signature = SIGNATURES[order]
+    return build(signature.patterns), build(signature.requires)
+
+
+_DIGITS = str.maketrans("123456789", "000000000")
+
+
+class _Text:
+    """Distinct lines joined into one text, for substring scans, and where each starts."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.text = "\n".join(lines)
+        self.starts = [0, *itertools.accumulate(len(line) + 1 for line in lines[:-1])]
+
+    def lines_with(self, literal: str) -> list[int]:
+        text, starts, found, at = self.text, self.starts, [], 0
+        while (at := text.find(literal, at)) >= 0:
+            line = bisect.bisect_right(starts, at) - 1
+            found.append(line)
+            at = starts[line + 1] if line + 1 < len(starts) else len(text)
+        return found
+
+
+class _Log:
+    """A log read lazily by line. Substring prefilters run on its distinct lines with
+    digits folded to 0 (a long run repeats the same step, timer and NCCL INFO lines with
+    other numbers), and a line is cleaned of its prefixes and matched against a pattern
+    only when it holds the pattern's rarest literal run."""
+
+    def __init__(self, text: str) -> None:
+        raw = _ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
+        self.raw = raw.split("\n")
+        self._members: dict[str, list[int]] = {}
+        for i, line in enumerate(raw.translate(_DIGITS).split("\n")):
+            self._members.setdefault(line, []).append(i)
+        self._distinct = list(self._members.values())   # indexes of each distinct line
+        self._text: _Text | None = None
+        self._clean: dict[int, str] = {}
+        self._found: dict[str, list[int]] = {}
+
+    @property
+    def lines(self) -> int:
+        return len(self.raw)
+
+    def raw_line(self, i: int) -> str:
+        return self.raw[i]
+
+    def clean_line(self, i: int) -> str:
+        if i not in self._clean:
+            self._clean[i] = _PREFIX.sub("", self.raw[i], count=1)
+        return self._clean[i]
+
+    def _distinct_with(self, literal: str) -> list[int]:
+        """The distinct lines holding `literal` (lower-cased), whatever their case."""
+        if literal not in self._found:
+            if self._text is None:
+                self._text = _Text([line.lower() for line in self._members])
+            self._found[literal] = self._text.lines_with(literal.translate(_DIGITS))
+        return self._found[literal]
+
+    def candidates(self, pattern: _Pattern) -> list[int]:
+        """Lines that can hold a match: those holding the pattern's rarest literal run
+        (every line when the pattern has none; none when one of its runs is absent)."""
+        if not pattern.literals:
+            return list(range(self.lines))
+        rarest: list[int] | None = None
+        for literal in sorted(pattern.literals, key=len, reverse=True):  # longest: rarest
+            found = self._distinct_with(literal)
+            if not found:
+                return []  # one literal absent: the pattern cannot match; no more scans
+            if rarest is None or len(found) < len(rarest):
+                rarest = found
+        return sorted(i for d in rarest or () for i in self._distinct[d])
+
+    def search(self, pattern: _Pattern) -> Iterator[tuple[int, re.Match[str]]]:
+        for line in self.candidates(pattern):
+            m = pattern.regex.search(self.clean_line(line))
+            if m:
+                yield line, m
+
+    def lines_with(self, words: tuple[str, ...]) -> list[int]:
+        found: set[int] = set()
+        for word in words:
+            found.update(self.candidates(_Pattern(re.compile(re.escape(word)), (word.lower(),))))
+        return sorted(found)
 
 
 def _fill(template: str, groups: dict[str, str]) -> str:
     return re.sub(r"\{(\w+)\}", lambda m: groups.get(m.group(1), m.group(0)), template)
 
 
-def _root_cause_lines(clean: str, starts: list[int]) -> set[int]:
+def _root_cause_lines(log: _Log) -> set[int]:
     """Line indexes inside torchrun's "Root Cause (first observed failure)" sections."""
     lines: set[int] = set()
-    for header in _ROOT_CAUSE.finditer(clean):
-        border = _BORDER.search(clean, header.end())
-        end = border.start() if border else len(clean)
-        first = bisect.bisect_right(starts, header.start()) - 1
-        last = bisect.bisect_right(starts, max(end - 1, header.start())) - 1
-        lines.update(range(first, last + 1))
+    for header in log.lines_with(("Root Cause (first observed failure):",)):
+        line = header + 1
+        while line < log.lines and not _BORDER.match(log.clean_line(line)):
+            line += 1
+        lines.update(range(header, min(line, log.lines)))
     return lines
 
 
@@ -159,19 +279,19 @@ def _as_float(text: str) -> float:
         return float("inf")
 
 
-def _find_hits(clean: str, starts: list[int]) -> list[_Hit]:
+def _find_hits(log: _Log) -> list[_Hit]:
     hits = []
     for order, signature in enumerate(SIGNATURES):
-        if signature.requires and not any(r.search(clean) for r in _required(order)):
+        patterns, requires = _patterns(order)
+        if requires and not any(next(log.search(r), None) for r in requires):
             continue
         found: dict[int, dict[str, str]] = {}
-        for pattern in _compiled(order):
-            for m in pattern.finditer(clean):
+        for pattern in patterns:
+            for line, m in log.search(pattern):
                 groups = {k: v for k, v in m.groupdict().items() if v is not None}
                 if signature.scale_at_most is not None and \
                         _as_float(groups.get("scale", "inf")) > signature.scale_at_most:
                     continue  # a sequence applies from the line the scale hits the floor
-                line = bisect.bisect_right(starts, m.start()) - 1
                 if line not in found:  # the first pattern that matches a line names groups
                     found[line] = groups
         if signature.scale_at_most is not None and found:
@@ -181,13 +301,13 @@ def _find_hits(clean: str, starts: list[int]) -> list[_Hit]:
     return hits
 
 
-def _matches(hits: list[_Hit], best: _Hit | None, raw_lines: list[str]) -> tuple[Match, ...]:
+def _matches(hits: list[_Hit], best: _Hit | None, log: _Log) -> tuple[Match, ...]:
     """The matched lines in log order, one per distinct text, the deciding one always kept."""
     chosen: dict[str, int] = {}
     if best is not None:
-        chosen[raw_lines[best.line].strip()] = best.line
+        chosen[log.raw_line(best.line).strip()] = best.line
     for hit in sorted(hits, key=lambda h: h.line):
-        text = raw_lines[hit.line].strip()
+        text = log.raw_line(hit.line).strip()
         if len(chosen) >= MAX_MATCHES:
             break
         chosen.setdefault(text, hit.line)
@@ -199,12 +319,12 @@ def _unique(items: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-def _unexplained_exceptions(clean_lines: list[str], explained: set[int]) -> list[int]:
+def _unexplained_exceptions(log: _Log, explained: set[int]) -> list[int]:
     """Exception lines (the last line of a traceback) that no signature matched, launcher
     wrappers aside: evidence of a failure doctor does not know."""
-    return [i for i, text in enumerate(clean_lines)
-            if i not in explained and _EXCEPTION_LINE.match(text)
-            and not _WRAPPER.search(text)]
+    return [i for i in log.lines_with(("Error", "Exception", "Exit", "Interrupt"))
+            if i not in explained and _EXCEPTION_LINE.match(log.clean_line(i))
+            and not _WRAPPER.search(log.clean_line(i))]
 
 
 _PLACE_CONFIDENCE = {3: 0.95, 2: 0.9, 1: 0.75}
@@ -212,19 +332,16 @@ _PLACE_CONFIDENCE = {3: 0.95, 2: 0.9, 1: 0.75}
 
 def diagnose(text: str) -> Diagnosis:
     """The most likely root cause of the failure this log shows (see the module docstring)."""
-    raw = _ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
-    clean = _PREFIX.sub("", raw)  # same lines as raw: the prefixes hold no newline
-    raw_lines, clean_lines = raw.split("\n"), clean.split("\n")
-    starts = [0, *(m.end() for m in re.finditer("\n", clean))]
-    root = _root_cause_lines(clean, starts)
+    log = _Log(text)
+    root = _root_cause_lines(log)
 
     def place(line: int) -> int:
         if line in root:
             return 3
-        text = clean_lines[line]
-        return 2 if _EXCEPTION_LINE.match(text) or _ERROR_LINE.match(text) else 1
+        clean = log.clean_line(line)
+        return 2 if _EXCEPTION_LINE.match(clean) or _ERROR_LINE.match(clean) else 1
 
-    hits = _find_hits(clean, starts)
+    hits = _find_hits(log)
     # A line is harmless or a failure as the first signature (in SIGNATURES) matching it says.
     first: dict[int, _Hit] = {}
     for hit in hits:
@@ -233,7 +350,7 @@ def diagnose(text: str) -> Diagnosis:
     failures = [h for h in hits if not h.signature.benign and not first[h.line].signature.benign]
     harmless = [h for h in hits if h.signature.benign and first[h.line].signature.benign]
     notes = _unique([h.signature.cause for h in sorted(harmless, key=lambda h: h.order)])
-    unexplained = _unexplained_exceptions(clean_lines, {h.line for h in hits})
+    unexplained = _unexplained_exceptions(log, {h.line for h in hits})
 
     if failures:
         def rank(h: _Hit) -> tuple[bool, int, int, int]:
@@ -249,7 +366,7 @@ def diagnose(text: str) -> Diagnosis:
             # A line another signature claims first is that signature's reading only.
             if hit.signature.category != signature.category and first[hit.line] is hit:
                 others.setdefault(hit.signature.category, hit)
-        alternatives = tuple(Alternative(h.signature.category, raw_lines[h.line].strip())
+        alternatives = tuple(Alternative(h.signature.category, log.raw_line(h.line).strip())
                              for h in list(others.values())[:MAX_ALTERNATIVES])
         confidence = _PLACE_CONFIDENCE[place(best.line)]
         if any(place(h.line) >= place(best.line) for h in others.values()):
@@ -263,7 +380,7 @@ def diagnose(text: str) -> Diagnosis:
         return Diagnosis(
             category=signature.category, cause=_fill(signature.cause, best.groups),
             fix=_fill(signature.fix, best.groups), check=_fill(signature.check, best.groups),
-            matches=_matches(same, best, raw_lines), benign=notes, signature=signature.id,
+            matches=_matches(same, best, log), benign=notes, signature=signature.id,
             confidence=round(confidence, 2), alternatives=alternatives)
     if harmless and not unexplained:
         lead = min(harmless, key=lambda h: (h.order, h.line)).signature
@@ -271,12 +388,12 @@ def diagnose(text: str) -> Diagnosis:
             category=BENIGN,
             cause="only harmless warnings, no failure: " + "; ".join(notes),
             fix="nothing to fix for these; if the run did fail, its error is not in this log",
-            check=lead.check, matches=_matches(harmless, None, raw_lines), benign=notes,
+            check=lead.check, matches=_matches(harmless, None, log), benign=notes,
             signature=lead.id, confidence=0.6)
     cause = (f"none of the {sum(not s.benign for s in SIGNATURES)} known failure "
              "signatures matches this log")
     if unexplained:
-        cause += f" (its error is: {clean_lines[unexplained[-1]].strip()[:160]})"
+        cause += f" (its error is: {log.clean_line(unexplained[-1]).strip()[:160]})"
     return Diagnosis(
         category=UNKNOWN, cause=cause,
         fix="read the first error of the first rank that failed (torchrun's Root Cause, or "

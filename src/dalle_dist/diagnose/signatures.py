@@ -89,7 +89,7 @@ _FP16_ON = (r"--precision[ =]fp16", r"--fp16\b", r"--amp\b", r"fp16_enabled\W+Tr
             r"Gradient overflow\.", r"torch\.float16", r"opt_level")
 
 # "loss=nan" (tqdm), "loss - nan" (DALLE-pytorch), "loss: nan", '"loss": NaN' (JSON lines).
-_NAN_LOSS = r"\b(?:loss|Loss|LOSS)['\"]?[ \t]*[:=-]?[ \t]*(?:nan|NaN|NAN)\b"
+_NAN_LOSS = r"(?i)\bloss['\"]?[ \t]*[:=-]?[ \t]*nan\b"
 _TORCH_ENV = ('python -c "import torch; print(torch.__version__, torch.version.cuda, '
               'torch.cuda.is_available(), torch.cuda.device_count())"')
 # One all-reduce over NCCL, nothing of dalle_dist: does the wire work at all?
