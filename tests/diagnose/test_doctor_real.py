@@ -26,7 +26,7 @@ from dalle_dist.diagnose.signatures import BENIGN, CATEGORIES, UNKNOWN
 
 REAL = Path(__file__).parent / "real"
 #: The least accuracy each real set must reach.
-THRESHOLDS = {"dev": 0.95, "heldout": 0.9}
+THRESHOLDS = {"dev": 0.97, "heldout": 0.9}
 #: Sets expected but not merged yet (collected on another branch).
 PENDING_SETS = {"heldout"}
 PRESENT = real_sets(REAL)
