@@ -212,3 +212,25 @@ def test_unknown_human_output_says_what_to_run_and_paste(
     assert all(step in out for step in UNKNOWN_NEXT_STEPS)
     assert "dalle-dist check" in UNKNOWN_NEXT_STEPS[0]
     assert all(word in UNKNOWN_NEXT_STEPS[1] for word in ("command", "Traceback", "Root Cause"))
+
+
+@pytest.mark.parametrize(("line", "category"), [
+    ("RuntimeError: `DeepSpeedStrategy` requires `deepspeed`. Install it by running "
+     "`pip install -U deepspeed`.", "deepspeed-missing"),
+    ("ImportError: Please install apex from https://www.github.com/nvidia/apex to use fp16 "
+     "training.", "apex-missing-or-wrong"),
+    ("ImportError: cannot import name 'FusedLayerNorm' from 'apex.normalization'",
+     "apex-missing-or-wrong"),
+    ("KeyError: 'LOCAL_RANK'", "launcher-args"),
+    ("ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -7) local_rank: 0 "
+     "(pid: 1234) of binary: /usr/bin/python", "other"),
+    ("ImportError: /root/.cache/torch_extensions/py310_cu118/fused_adam/fused_adam.so: cannot "
+     "open shared object file: No such file or directory", "deepspeed-op-build"),
+], ids=["strategy-requires-deepspeed", "install-apex", "apex-name", "launcher-key",
+        "sigbus", "jit-cache"])
+def test_engine_wordings_beyond_the_dev_repositories(line: str, category: str) -> None:
+    """Wordings of the same failures by the libraries around the engines (a Lightning
+    strategy, transformers' Apex hint, a script reading the launcher's variables, torchrun
+    reporting SIGBUS, a stale JIT build): fails when a signature keys on one library's
+    sentence only."""
+    assert diagnose(line).category == category

@@ -338,7 +338,8 @@ SIGNATURES: tuple[Signature, ...] = (
          r"ninja: build stopped: subcommand failed",
          r"nvcc fatal\s*:\s*Unsupported gpu architecture '?compute_\d+",
          r"Command '\['ninja', '-v'\]' returned non-zero exit status",
-         r"Error compiling objects for extension"),
+         r"Error compiling objects for extension",
+         r"torch_extensions[/\\][^\n]*\.so: cannot open shared object file"),
         "a DeepSpeed C++/CUDA op failed to compile (see the compiler errors above it)",
         _DS_OPS_FIX,
         "ds_report"),
@@ -354,6 +355,7 @@ SIGNATURES: tuple[Signature, ...] = (
          r"holds ZeRO partitions and DeepSpeed does not import",
          r"requires the DeepSpeed library but it was not found",
          r"(?i)\bDeepSpeed is not installed\b",
+         r"(?i)\brequires? [`'\"]?deepspeed[`'\"]?(?:[.,;:]|\s*$|\s+(?:to be |but |-|\())",
          r"requires `?deepspeed`? to be installed"),
         "DeepSpeed is not installed (or not importable) in the environment that ran",
         "pip install 'dalle_dist[deepspeed]' in the same environment the launcher uses "
@@ -490,9 +492,11 @@ SIGNATURES: tuple[Signature, ...] = (
         "apex-amp-missing", "apex-missing-or-wrong",
         (r"cannot import name '?amp'? from '?apex",
          r"module 'apex' has no attribute '?amp",
-         r"No module named '?apex\.amp"),
-        "the `apex` that imports has no `amp`: either the unrelated PyPI package named apex, "
-        "or a recent NVIDIA Apex (amp was removed upstream)",
+         r"No module named '?apex\.amp",
+         r"cannot import name '?\w+'? from '?apex(?:\.\w+)*'?"),
+        "the `apex` that imports lacks what the code imports from it (`amp`, or another "
+        "name): either the unrelated PyPI package named apex, or an NVIDIA Apex of another "
+        "vintage (amp was removed upstream)",
         "pip uninstall apex; use native mixed precision (--precision fp16 or bf16) instead "
         "of Apex amp",
         'python -c "import apex, sys; print(apex.__file__, hasattr(apex, \'amp\'))"'),
@@ -509,7 +513,8 @@ SIGNATURES: tuple[Signature, ...] = (
         'python -c "import amp_C, fused_layer_norm_cuda"'),
     Signature(
         "apex-not-installed", "apex-missing-or-wrong",
-        (r"No module named '?apex'?(?![.\w])",),
+        (r"No module named '?apex'?(?![.\w])",
+         r"(?i)please install apex from https?://(?:www\.)?github\.com/nvidia/apex"),
         "NVIDIA Apex is not installed (it is not on PyPI)",
         "use native mixed precision (--precision fp16 or bf16); Apex is optional",
         'python -c "import apex"'),
@@ -621,7 +626,8 @@ SIGNATURES: tuple[Signature, ...] = (
         "no-launcher-environment", "launcher-args",
         (r"environment variable (?P<var>RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) "
          r"expected, but not set",
-         r"found no launcher environment"),
+         r"found no launcher environment",
+         r"KeyError: '(?P<var2>RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK)'"),
         "a distributed backend was asked for without the launcher that sets up its ranks",
         "start it through its launcher: torchrun --nproc_per_node N -m dalle_dist train "
         "--distributed_backend torch ...; deepspeed --num_gpus N --module dalle_dist train "
@@ -774,7 +780,9 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "shared-memory-exhausted", "other",
         (r"insufficient shared memory \(shm\)",
-         r"is killed by signal: Bus error"),
+         r"is killed by signal: Bus error",
+         r"\(exitcode: -7\)",
+         r"Signal 7 \(SIGBUS\) received by PID"),
         "the data loader workers ran out of shared memory (/dev/shm), which containers keep "
         "small by default",
         "run the container with --ipc=host or a larger --shm-size (Kubernetes: an emptyDir "
