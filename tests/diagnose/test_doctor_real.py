@@ -226,8 +226,10 @@ def test_unknown_human_output_says_what_to_run_and_paste(
      "(pid: 1234) of binary: /usr/bin/python", "other"),
     ("ImportError: /root/.cache/torch_extensions/py310_cu118/fused_adam/fused_adam.so: cannot "
      "open shared object file: No such file or directory", "deepspeed-op-build"),
+    ("RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable",
+     "cuda-unavailable-or-mismatch"),
 ], ids=["strategy-requires-deepspeed", "install-apex", "apex-name", "launcher-key",
-        "sigbus", "jit-cache"])
+        "sigbus", "jit-cache", "gpu-busy"])
 def test_engine_wordings_beyond_the_dev_repositories(line: str, category: str) -> None:
     """Wordings of the same failures by the libraries around the engines (a Lightning
     strategy, transformers' Apex hint, a script reading the launcher's variables, torchrun

@@ -232,9 +232,10 @@ SIGNATURES: tuple[Signature, ...] = (
          r"CUDA initialization: CUDA unknown error",
          r"ProcessGroupNCCL is only supported with GPUs, no GPUs found",
          r"torch\.cuda\.is_available\(\)[\s:=>-]*False",
-         r"CUDA driver initialization failed, you might not have a CUDA gpu"),
-        "torch sees no GPU: CUDA_VISIBLE_DEVICES hides them, the container has none, or the "
-        "driver did not initialise",
+         r"CUDA driver initialization failed, you might not have a CUDA gpu",
+         r"CUDA-capable device\(s\) is/are busy or unavailable"),
+        "torch sees no usable GPU: CUDA_VISIBLE_DEVICES hides them, the container has none, "
+        "the driver did not initialise, or the GPUs are in exclusive mode and taken",
         "check CUDA_VISIBLE_DEVICES and that the job (docker --gpus all, Slurm --gres=gpu:N) "
         "was given GPUs; on CPU use --precision bf16 and the gloo-based backends",
         "dalle-dist check --cuda-smoke"),
