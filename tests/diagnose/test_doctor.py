@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from dalle_dist.diagnose.corpus import real_set
 from dalle_dist.diagnose.doctor import diagnose
 from dalle_dist.diagnose.signatures import BENIGN, CATEGORIES, SIGNATURES, UNKNOWN
 from tests.conftest import assert_user_error, run_cli
@@ -26,7 +27,8 @@ from tests.diagnose import own_errors
 
 LOGS_DIR = Path(__file__).parent / "logs"
 LOGS = sorted(LOGS_DIR.glob("*.log"))
-JSON_KEYS = {"category", "cause", "fix", "check", "matches"}
+REAL_DEV = Path(__file__).parent / "real" / "dev"
+JSON_KEYS = {"category", "cause", "fix", "check", "matches", "confidence", "alternatives"}
 HEAVY = ("torch", "deepspeed", "horovod", "apex", "triton")
 # Through the real command: a root cause among launcher noise, a benign-only log, an unknown.
 CLI_LOGS = ("cuda-oom__torchrun-rank0-oom-others-timeout.log",
@@ -140,10 +142,12 @@ EXPECTED_SIGNATURE: dict[str, str | None] = {
     "zero-checkpoint__optim-states-file-missing": "zero-partition-missing",
     "zero-checkpoint__zero-to-fp32-expected-files": "zero-partition-missing",
 }
-#: Signatures that decide no log yet, and why.
+#: Signatures that decide no log yet (written or real), and why.
 UNREACHED = {
-    "ds-launcher-notices": "no real log of only DeepSpeed's launcher notices found yet; they "
-                           "ride along as notes (batch-size__ds-startup-warnings-then-assert)",
+    "deepspeed-torch-too-new": "issue 15's torch._six shape; no thread in the dev repositories "
+                               "has the whole traceback with DeepSpeed's frames",
+    "deepspeed-version-pin": "issue 15's version-pin shape; no pasted pin error found in the "
+                             "dev repositories yet",
 }
 
 # The real `dalle-dist` in a fresh process, reporting the heavy modules it loaded while
@@ -203,8 +207,9 @@ def test_every_log_names_its_signature() -> None:
 
 def test_every_signature_decides_a_log() -> None:
     """A signature no log reaches is knowledge nothing checks (fails when a log is removed,
-    or a signature is added, without a real log that it decides)."""
+    or a signature is added, without a written or real dev log that it decides)."""
     reached = set(EXPECTED_SIGNATURE.values())
+    reached |= {diagnose(case.text).signature for case in real_set(REAL_DEV)}
     assert set(SIGNATURE_IDS) - reached == set(UNREACHED)
 
 
@@ -379,6 +384,14 @@ def test_cli_json(name: str) -> None:
     assert all(isinstance(payload[k], str) for k in ("category", "cause", "fix", "check"))
     assert all(isinstance(x, str) for x in payload["matches"])
     assert bool(payload["matches"]) == (expected(log) != UNKNOWN)
+    confidence = payload["confidence"]
+    assert isinstance(confidence, float) and 0.0 <= confidence <= 1.0
+    assert (confidence == 0.0) == (expected(log) == UNKNOWN)
+    assert len(payload["alternatives"]) <= 2
+    for alternative in payload["alternatives"]:
+        assert set(alternative) == {"category", "line"}
+        assert alternative["category"] in CATEGORIES
+        assert alternative["category"] != payload["category"]
     signature = EXPECTED_SIGNATURE[log.stem]
     if signature is not None and expected(log) != BENIGN:
         assert payload["cause"] == SIGNATURE_IDS[signature].cause
@@ -402,7 +415,8 @@ def test_cli_human_output_names_cause_fix_check_and_lines() -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout.splitlines()
     assert out[0] == "category: cuda-oom"
-    assert [line.split(":")[0] for line in out[1:5]] == ["cause", "fix", "check", "matched"]
+    assert [line.split(":")[0] for line in out[1:6]] == ["cause", "fix", "check", "confidence",
+                                                         "matched"]
     assert any("torch.OutOfMemoryError: CUDA out of memory" in line for line in out[5:])
     assert any(line.startswith("harmless warnings also seen:") for line in out)
 

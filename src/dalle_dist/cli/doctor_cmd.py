@@ -11,7 +11,10 @@ torch to build its parsers).
               harmless warnings), or "unknown" (nothing matched)
     cause, fix, check   strings (check is one shell command)
     matches   the log lines the diagnosis rests on, in log order (at most 10)
+    confidence  a number 0..1: how clearly the log shows this cause (0 for unknown)
+    alternatives  up to two other readings: [{"category", "line"}], the line each rests on
 Notes on harmless warnings seen beside a failure appear in the human output only.
+When nothing is recognised the human output says what to run and what to paste instead.
 """
 
 from __future__ import annotations
@@ -24,6 +27,17 @@ from pathlib import Path
 from dalle_dist.errors import ConfigError
 
 _SHOWN_WIDTH = 200  # matched lines can be long (a whole argv); the human view cuts them
+# What to do when doctor recognises nothing: what the issue asks for, in the human output.
+UNKNOWN_NEXT_STEPS = (
+    "run `dalle-dist check` on the failing machine: it shows what the machine can run",
+    "paste, with the output of `dalle-dist check`: the full command line; the first "
+    "failing rank's traceback from `Traceback (most recent call last):` to its last line; "
+    "torchrun's `Root Cause (first observed failure)` section if there is one",
+)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _SHOWN_WIDTH else text[:_SHOWN_WIDTH - 3] + "..."
 
 
 def add_doctor(sub: argparse._SubParsersAction) -> None:
@@ -37,7 +51,8 @@ def add_doctor(sub: argparse._SubParsersAction) -> None:
     p.add_argument("logfile", metavar="LOGFILE", nargs="?", default="-",
                    help="the log to read; - or nothing reads standard input")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object: category, cause, fix, check, matches")
+                   help="print one JSON object: category, cause, fix, check, matches, "
+                        "confidence (0..1), alternatives (up to two {category, line})")
     p.set_defaults(run=run_doctor)
 
 
@@ -71,12 +86,20 @@ def run_doctor(args: argparse.Namespace) -> int:
         print(f"cause:    {diagnosis.cause}")
         print(f"fix:      {diagnosis.fix}")
         print(f"check:    {diagnosis.check}")
+        if diagnosis.category != UNKNOWN:
+            print(f"confidence: {diagnosis.confidence:.2f}")
         if diagnosis.matches:
             print("matched:")
             for match in diagnosis.matches:
-                text = match.text if len(match.text) <= _SHOWN_WIDTH else \
-                    match.text[:_SHOWN_WIDTH - 3] + "..."
-                print(f"  {match.line}: {text}")
+                print(f"  {match.line}: {_cut(match.text)}")
+        if diagnosis.alternatives:
+            print("also possible:")
+            for alternative in diagnosis.alternatives:
+                print(f"  {alternative.category}: {_cut(alternative.line)}")
+        if diagnosis.category == UNKNOWN:
+            print("next steps:")
+            for step in UNKNOWN_NEXT_STEPS:
+                print(f"  - {step}")
         if diagnosis.benign and diagnosis.category != BENIGN:
             print("harmless warnings also seen:")
             for note in diagnosis.benign:

@@ -19,7 +19,23 @@ Fields
               also holds a failure; it is listed as a note. When a line matches several
               entries, the first of them here says whether the line is harmless.
     requires  regexes of which at least one must occur somewhere in the log for the
-              entry to apply (context a single line cannot give, e.g. "fp16 was on").
+              entry to apply (context a single line cannot give, e.g. "fp16 was on", or
+              which library's frames a removed-module ImportError passes through).
+    scale_at_most
+              makes the entry a sequence: every pattern captures the new loss scale in a
+              group `scale`, and the entry applies only when the scale falls to this value
+              or below somewhere in the log; it then decides on the first such line. A
+              loss scaler's warm-up halves the scale a few times from 2**16 or 2**32 and
+              settles; a scale halved step after step down to single digits means every
+              step overflows (fp16 has diverged). The same lines above the floor stay the
+              harmless warm-up notes.
+    fallback  a catch-all (e.g. any NCCL error): it decides only when no specific entry
+              matched, however telling its line; NCCL wraps other causes (a CUDA OOM, a
+              duplicate GPU) in its own error line.
+
+Patterns key on the stable part of a message (the engine's wording), never on versions,
+paths, ranks or sizes; `doctor` removes timestamps, CI and logger prefixes, rank prefixes
+and ANSI colours before matching.
 
 Order matters: SIGNATURES lists root causes before the symptoms that usually follow
 them (a rank's CUDA OOM before the other ranks' NCCL timeouts). `doctor.diagnose`
@@ -73,7 +89,7 @@ _FP16_ON = (r"--precision[ =]fp16", r"--fp16\b", r"--amp\b", r"fp16_enabled\W+Tr
             r"Gradient overflow\.", r"torch\.float16", r"opt_level")
 
 # "loss=nan" (tqdm), "loss - nan" (DALLE-pytorch), "loss: nan", '"loss": NaN' (JSON lines).
-_NAN_LOSS = r"\b(?:loss|Loss|LOSS)['\"]?[ \t]*[:=-]?[ \t]*(?:nan|NaN|NAN)\b"
+_NAN_LOSS = r"(?i)\bloss['\"]?[ \t]*[:=-]?[ \t]*nan\b"
 _TORCH_ENV = ('python -c "import torch; print(torch.__version__, torch.version.cuda, '
               'torch.cuda.is_available(), torch.cuda.device_count())"')
 # One all-reduce over NCCL, nothing of dalle_dist: does the wire work at all?
@@ -102,7 +118,14 @@ class Signature:
     check: str
     benign: bool = False
     requires: tuple[str, ...] = ()
+    scale_at_most: float | None = None
+    fallback: bool = False
 
+
+# A number as loss scalers print it: 65536, 65536.0, 0.5, 3.0517578125e-05.
+_SCALE = r"(?P<scale>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
+# The floor below which a dynamic loss scale means fp16 training has diverged.
+SCALE_FLOOR = 8.0
 
 SIGNATURES: tuple[Signature, ...] = (
     # -- fp16: a collapsed loss scale is the root cause of what follows ---------------------
@@ -116,15 +139,40 @@ SIGNATURES: tuple[Signature, ...] = (
         "train in bf16 (--precision bf16) if the GPU has it; else lower the learning rate, "
         "keep --clip_grad_norm, add warmup, and resume from a checkpoint before the collapse",
         "grep -c 'OVERFLOW' LOGFILE"),
+    # Sequences: the scale halved step after step down to single digits.
     Signature(
         "apex-loss-scale-collapse", "fp16-overflow",
-        (r"Gradient overflow\.\s+Skipping step, loss scaler \d+ reducing loss scale to "
-         r"(?:0\.\d+|\d(?:\.\d+)?e-\d+)",),
-        "Apex amp kept halving the loss scale below 1: gradients overflow at every scale, "
-        "fp16 training has diverged",
+        (r"Gradient overflow[.,]?\s+[Ss]kipping step,? loss scaler \d+ reducing loss "
+         r"scale to " + _SCALE,),
+        "Apex amp halved the loss scale overflow after overflow down to {scale}: gradients "
+        "overflow at every scale, fp16 training has diverged",
         "train in bf16 (--precision bf16), or lower the learning rate and keep "
         "--clip_grad_norm; resume from a checkpoint before the collapse",
-        "grep -c 'Gradient overflow' LOGFILE"),
+        "grep -c 'Gradient overflow' LOGFILE",
+        scale_at_most=SCALE_FLOOR),
+    Signature(
+        "ds-loss-scale-collapse", "fp16-overflow",
+        (r"(?:OVERFLOW!|[Oo]verflow detected\.|loss scale overflow!)[^\n]*Attempted loss "
+         r"scale: [\d.e+-]+, reducing to " + _SCALE,
+         r"Reducing dynamic loss scale from [\d.e+-]+ to " + _SCALE,
+         r"[Ff]ound overflow[^\n]*(?:[Ll]oss scale|scale) (?:to|:) " + _SCALE),
+        "the fp16 loss scale was halved overflow after overflow down to {scale}: "
+        "gradients overflow at every scale, fp16 training has diverged (not the harmless "
+        "warm-up overflows, which stop in the thousands)",
+        "train in bf16 (--precision bf16) if the GPU has it; else lower the learning rate, "
+        "keep --clip_grad_norm, add warmup, and resume from a checkpoint before the collapse",
+        "grep -c -i 'overflow' LOGFILE",
+        scale_at_most=SCALE_FLOOR),
+    Signature(
+        "sampling-nan-probabilities", "fp16-overflow",
+        (r"probability tensor contains either `?inf`?, `?nan`? or element < 0",
+         r"invalid multinomial distribution \(sum of probabilities <= 0\)",
+         r"sampleMultinomialOnce[^\n]*Assertion"),
+        "sampling drew from NaN/inf probabilities: the logits overflowed, typically a "
+        "model run (or trained) in fp16 beyond its range",
+        "generate in bf16 or fp32 (--precision bf16), and check the checkpoint's loss was "
+        "finite when it was saved",
+        "dalle-dist generate --precision fp32 --text 'a test' --num_images 1"),
     # -- GPU memory -----------------------------------------------------------------------
     Signature(
         "cuda-out-of-memory", "cuda-oom",
@@ -132,7 +180,10 @@ SIGNATURES: tuple[Signature, ...] = (
          r"OutOfMemoryError: CUDA out of memory",
          r"CUDA error: out of memory",
          r"Cuda failure '?out of memory'?",
-         r"CUBLAS_STATUS_ALLOC_FAILED"),
+         r"CUBLAS_STATUS_ALLOC_FAILED",
+         r"CUDA out of memory\.",
+         r"CUDA_ERROR_OUT_OF_MEMORY",
+         r"Failed to CUDA calloc \d+ bytes"),
         "a GPU ran out of memory",
         "lower --batch_size (or raise --ga_steps to keep the global batch), "
         "train in bf16/fp16, "
@@ -168,7 +219,8 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "gpu-arch-unsupported", "cuda-unavailable-or-mismatch",
         (r"no kernel image is available for execution on the device",
-         r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation"),
+         r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation",
+         r"PyTorch no longer supports this GPU because it is too old"),
         "this torch build has no kernels for this GPU's architecture (compute capability)",
         "install a torch wheel built for this GPU (a newer CUDA build for new GPUs); for "
         "DeepSpeed ops rebuild them with TORCH_CUDA_ARCH_LIST set to this GPU's capability",
@@ -179,12 +231,23 @@ SIGNATURES: tuple[Signature, ...] = (
         (r"No CUDA GPUs are available",
          r"CUDA initialization: CUDA unknown error",
          r"ProcessGroupNCCL is only supported with GPUs, no GPUs found",
-         r"torch\.cuda\.is_available\(\)[\s:=>-]*False"),
-        "torch sees no GPU: CUDA_VISIBLE_DEVICES hides them, the container has none, or the "
-        "driver did not initialise",
+         r"torch\.cuda\.is_available\(\)[\s:=>-]*False",
+         r"CUDA driver initialization failed, you might not have a CUDA gpu",
+         r"CUDA-capable device\(s\) is/are busy or unavailable"),
+        "torch sees no usable GPU: CUDA_VISIBLE_DEVICES hides them, the container has none, "
+        "the driver did not initialise, or the GPUs are in exclusive mode and taken",
         "check CUDA_VISIBLE_DEVICES and that the job (docker --gpus all, Slurm --gres=gpu:N) "
         "was given GPUs; on CPU use --precision bf16 and the gloo-based backends",
         "dalle-dist check --cuda-smoke"),
+    Signature(
+        "cuda-is-available-false", "cuda-unavailable-or-mismatch",
+        (r"^\s*(?:>>> )?(?:returns? |returned |-> ?)?False\s*$",),
+        "torch.cuda.is_available() printed False: torch sees no GPU (a CPU-only build, no "
+        "driver, or a driver older than the torch wheel's CUDA)",
+        "compare nvidia-smi's CUDA version with torch.version.cuda and install the matching "
+        "torch wheel (or update the driver); in containers pass --gpus all",
+        _TORCH_ENV,
+        requires=(r"torch\.cuda\.is_available\(\)",)),
     Signature(
         "libcudart-missing", "cuda-unavailable-or-mismatch",
         (r"lib(?:cudart|cublas|cudnn)\S*\.so[.\d]*: cannot open shared object file",),
@@ -218,7 +281,8 @@ SIGNATURES: tuple[Signature, ...] = (
         "triton-api-mismatch", "sparse-attn-triton",
         (r"module 'triton' has no attribute '?(?P<name>\w+)'?",
          r"dlsym unable to load function",
-         r"IndexError: map::at"),
+         r"IndexError: map::at",
+         r"using untested triton version"),
         "the installed Triton does not match the version DeepSpeed's sparse attention was "
         "written for",
         "use dalle_dist's own sparse pattern (no Triton needed), or pin the Triton version "
@@ -229,7 +293,10 @@ SIGNATURES: tuple[Signature, ...] = (
         (r"No module named '?deepspeed\.ops\.sparse_attention",
          r"cannot import name '?\w*Spars\w*'? from '?deepspeed",
          r"sparse_attn requires (?:a torch version|CUDA version)",
-         r"Unable to JIT load the sparse_attn op"),
+         r"Unable to JIT load the sparse_attn op",
+         r"Unable to pre-compile sparse_attn",
+         r"please install triton==[\d.]+ if you want to use sparse attention",
+         r"[/\\]deepspeed[/\\]ops[/\\]sparse_attention[/\\]\w+\.py"),
         "DeepSpeed's sparse attention is not available here (removed from recent DeepSpeed "
         "releases; older ones need torch < 2, CUDA 10.1-11 and an exact Triton)",
         "use --attn_types with dalle_dist's mask-based sparse pattern, which needs no "
@@ -266,9 +333,14 @@ SIGNATURES: tuple[Signature, ...] = (
         "ds-op-build-failed", "deepspeed-op-build",
         (r"Error building extension '(?P<op>\w+)'",
          r"Unable to JIT load the (?P<op>\w+) op due to it not being compatible",
+         r"Unable to pre-compile (?P<op>\w+)",
          r"Failed building wheel for deepspeed",
          r"'DeepSpeedCPUAdam' object has no attribute 'ds_opt_adam'",
-         r"ninja: build stopped: subcommand failed"),
+         r"ninja: build stopped: subcommand failed",
+         r"nvcc fatal\s*:\s*Unsupported gpu architecture '?compute_\d+",
+         r"Command '\['ninja', '-v'\]' returned non-zero exit status",
+         r"Error compiling objects for extension",
+         r"torch_extensions[/\\][^\n]*\.so: cannot open shared object file"),
         "a DeepSpeed C++/CUDA op failed to compile (see the compiler errors above it)",
         _DS_OPS_FIX,
         "ds_report"),
@@ -276,19 +348,59 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "deepspeed-not-installed", "deepspeed-missing",
         (r"No module named '?deepspeed'?(?![.\w])",
-         r"deepspeed: (?:command )?not found",
-         r"command not found: deepspeed",
+         r"No module named '?deepspeed\.[\w.]+'?",
+         r"(?:deepspeed|ds_report): (?:command )?not found",
+         r"command not found: (?:deepspeed|ds_report)",
+         r"'deepspeed' is not recognized as an internal or external command",
          r"backend deepspeed (?:is not installed|cannot run here)",
-         r"holds ZeRO partitions and DeepSpeed does not import"),
+         r"holds ZeRO partitions and DeepSpeed does not import",
+         r"requires the DeepSpeed library but it was not found",
+         r"(?i)\bDeepSpeed is not installed\b",
+         r"(?i)\brequires? [`'\"]?deepspeed[`'\"]?(?:[.,;:]|\s*$|\s+(?:to be |but |-|\())",
+         r"requires `?deepspeed`? to be installed"),
         "DeepSpeed is not installed (or not importable) in the environment that ran",
-        "pip install 'dalle_dist[deepspeed]' in the same environment the launcher uses",
+        "pip install 'dalle_dist[deepspeed]' in the same environment the launcher uses "
+        "(and put that environment's bin/ on PATH for the deepspeed launcher)",
         "dalle-dist check --backend deepspeed"),
+    Signature(
+        "deepspeed-version-pin", "deepspeed-missing",
+        (r"\bdeepspeed\s*[<>=!~]=?\s*[\d.]+[^\n]*\bis required\b",
+         r"\bdeepspeed[<>=!~]=?[\d.]+[^\n]*\bbut found deepspeed",
+         r"(?i)requires? deepspeed\s*[<>=!~]=?\s*[\d.]+"),
+        "the installed DeepSpeed is outside the version range this code requires",
+        "install a DeepSpeed release in the required range (pip install 'deepspeed<x,>=y' as "
+        "the error line says), or use dalle_dist's own backends",
+        'python -c "import deepspeed; print(deepspeed.__version__)"'),
+    Signature(
+        "deepspeed-torch-too-new", "deepspeed-missing",
+        (r"No module named '?torch\._six'?",
+         r"cannot import name '\w+' from 'torch\._six'"),
+        "this DeepSpeed release imports torch._six, which torch 2.0 removed: DeepSpeed is "
+        "too old for the installed torch and cannot be imported",
+        "upgrade DeepSpeed (pip install -U deepspeed) or pin torch below 2.0",
+        'python -c "import deepspeed, torch; print(deepspeed.__version__, torch.__version__)"',
+        requires=(r"[/\\]deepspeed[/\\][\w/\\]+\.py",)),
+    Signature(
+        "deepspeed-install-failed", "deepspeed-missing",
+        (r"(?:Preparing metadata \(setup\.py\)|Getting requirements to build wheel)"
+         r"[ .]*\berror\b",
+         r"Unable to import torch, pre-compiling ops will be disabled",
+         r"Unable to pre-compile ops without torch installed"),
+        "installing DeepSpeed failed before any op was built (its setup needs torch "
+        "importable in the same environment), so DeepSpeed is not installed",
+        "install torch first, then pip install deepspeed in that environment "
+        "(--no-build-isolation when building from source)",
+        'python -c "import torch, deepspeed"',
+        requires=(r"(?i)(?:Collecting|Downloading|Using cached)\s+\S*deepspeed",)),
     # -- Horovod ------------------------------------------------------------------------
     Signature(
         "horovod-torch-extension", "horovod-not-built",
         (r"Extension horovod\.torch has not been built",
          r"Horovod has not been built with PyTorch support",
-         r"backend horovod cannot run here"),
+         r"backend horovod cannot run here",
+         r"module 'horovod\.torch' has no attribute '(?:init|allreduce|size|rank)'",
+         r"'NoneType' object has no attribute '(?:init|allreduce|broadcast_parameters|"
+         r"broadcast_optimizer_state|DistributedOptimizer|local_rank|size)'"),
         "Horovod is installed without its PyTorch extension (it failed to build, or was "
         "built before this torch)",
         "rebuild it: scripts/build_horovod.sh (HOROVOD_WITH_PYTORCH=1, C++17 against current "
@@ -299,7 +411,8 @@ SIGNATURES: tuple[Signature, ...] = (
         (r"(?P<wire>Gloo|MPI) support (?:is required to use elastic training, but )?"
          r"has not been built",
          r"Horovod has not been built with MPI support",
-         r"Horovod was built without Gloo and without MPI"),
+         r"Horovod was built without Gloo and without MPI",
+         r"Failed to determine if (?P<wire2>Gloo|MPI) support has been built"),
         "Horovod was built without the transport the launch needs (Gloo or MPI)",
         "rebuild with HOROVOD_WITH_GLOO=1 (scripts/build_horovod.sh), or launch with the "
         "transport it has (horovodrun --gloo / --mpi)",
@@ -307,7 +420,11 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "horovod-build-failed", "horovod-not-built",
         (r"Failed (?:building wheel for|to build) horovod",
-         r"C\+\+17 or later compatible compiler is required"),
+         r"C\+\+17 or later compatible compiler is required",
+         r"-- Configuring incomplete, errors occurred!",
+         r"CMake Error",
+         r"CalledProcessError: Command '\['cmake'",
+         r"[/\\]horovod[/\\]setup\.py\", line \d+, in build_extensions"),
         "building Horovod failed; Horovod 0.28.1's CMake asks for C++14 while torch >= 2.1 "
         "headers need C++17",
         "build with scripts/build_horovod.sh (sets CMAKE_CXX_STANDARD 17, "
@@ -318,7 +435,9 @@ SIGNATURES: tuple[Signature, ...] = (
         "horovod-not-installed", "horovod-not-built",
         (r"No module named '?horovod",
          r"horovodrun: (?:command )?not found",
-         r"command not found: horovodrun"),
+         r"command not found: horovodrun",
+         r"`?horovod`? (?:is not installed|to be installed)",
+         r"\bhorovod\s*[<>=!~]=?\s*[\d.]+[^\n]*\bis required\b"),
         "Horovod is not installed in the environment that ran",
         "build and install it: scripts/build_horovod.sh, then pip install "
         "'dalle_dist[horovod]'",
@@ -350,19 +469,44 @@ SIGNATURES: tuple[Signature, ...] = (
         "remove the 'amp' block and use --precision bf16 (or fp16) instead",
         "grep -n '\"amp\"' YOUR_DS_CONFIG.json"),
     Signature(
+        "apex-pypi-impostor", "apex-missing-or-wrong",
+        (r"UnencryptedCookieSessionFactoryConfig",
+         r"from pyramid\.session import",
+         r"[/\\]apex[/\\]interfaces\.py",
+         r"Class advice impossible in Python3"),
+        "the `apex` that imports is the unrelated PyPI package (a pyramid web helper), not "
+        "NVIDIA Apex",
+        "pip uninstall apex; use native mixed precision (--precision fp16 or bf16), or build "
+        "NVIDIA Apex from github.com/NVIDIA/apex",
+        'python -c "import apex, sys; print(apex.__file__)"'),
+    Signature(
+        "apex-torch-too-new", "apex-missing-or-wrong",
+        (r"No module named '?torch\._six'?",
+         r"cannot import name '\w+' from 'torch\._six'"),
+        "this Apex build imports torch._six, which torch 2.0 removed: Apex is too old for "
+        "the installed torch",
+        "rebuild NVIDIA Apex from a current checkout, or use native mixed precision "
+        "(--precision fp16 or bf16)",
+        'python -c "import apex"',
+        requires=(r"[/\\]apex[/\\][\w/\\]+\.py",)),
+    Signature(
         "apex-amp-missing", "apex-missing-or-wrong",
         (r"cannot import name '?amp'? from '?apex",
          r"module 'apex' has no attribute '?amp",
-         r"No module named '?apex\.amp"),
-        "the `apex` that imports has no `amp`: either the unrelated PyPI package named apex, "
-        "or a recent NVIDIA Apex (amp was removed upstream)",
+         r"No module named '?apex\.amp",
+         r"cannot import name '?\w+'? from '?apex(?:\.\w+)*'?"),
+        "the `apex` that imports lacks what the code imports from it (`amp`, or another "
+        "name): either the unrelated PyPI package named apex, or an NVIDIA Apex of another "
+        "vintage (amp was removed upstream)",
         "pip uninstall apex; use native mixed precision (--precision fp16 or bf16) instead "
         "of Apex amp",
         'python -c "import apex, sys; print(apex.__file__, hasattr(apex, \'amp\'))"'),
     Signature(
         "apex-extensions-missing", "apex-missing-or-wrong",
         (r"No module named '?(?P<ext>amp_C|apex_C|fused_layer_norm_cuda|fused_adam_cuda|"
-         r"syncbn|fused_dense_cuda)'?",),
+         r"syncbn|fused_dense_cuda|fused_mix_prec_layer_norm_cuda|mlp_cuda|"
+         r"scaled_upper_triang_masked_softmax_cuda|scaled_masked_softmax_cuda)'?",
+         r"apex was installed without --cuda_ext"),
         "NVIDIA Apex was installed without its C++/CUDA extensions, which this code path needs",
         "reinstall Apex from source with its extensions (pip install -v "
         "--no-build-isolation --config-settings '--build-option=--cpp_ext' "
@@ -370,7 +514,8 @@ SIGNATURES: tuple[Signature, ...] = (
         'python -c "import amp_C, fused_layer_norm_cuda"'),
     Signature(
         "apex-not-installed", "apex-missing-or-wrong",
-        (r"No module named '?apex'?(?![.\w])",),
+        (r"No module named '?apex'?(?![.\w])",
+         r"(?i)please install apex from https?://(?:www\.)?github\.com/nvidia/apex"),
         "NVIDIA Apex is not installed (it is not on PyPI)",
         "use native mixed precision (--precision fp16 or bf16); Apex is optional",
         'python -c "import apex"'),
@@ -386,6 +531,16 @@ SIGNATURES: tuple[Signature, ...] = (
         "dalle-dist checkpoint convert NAME-ds-cp/ NAME.pt (weights only, fresh optimizer)",
         "ls NAME-ds-cp/$(cat NAME-ds-cp/latest) | grep -c optim_states"),
     Signature(
+        "zero3-placeholder-weights", "zero-checkpoint",
+        (r"copying a param with shape torch\.Size\(\[[01]?\]\) from checkpoint",),
+        "the checkpoint holds ZeRO-3 placeholders (empty or 1-element tensors) instead of "
+        "weights: it was saved from a ZeRO-3 partitioned model without gathering the "
+        "parameters",
+        "consolidate the weights first (zero_to_fp32.py in the checkpoint folder, or "
+        "dalle-dist checkpoint convert NAME-ds-cp/ NAME.pt), or save with "
+        "stage3_gather_16bit_weights_on_model_save",
+        "ls NAME-ds-cp/*/ | grep -c optim_states"),
+    Signature(
         "zero-partition-missing", "zero-checkpoint",
         (r"(?:No such file or directory|not found|FileNotFoundError).*_(?:optim|model)"
          r"_states\.pt",
@@ -395,7 +550,9 @@ SIGNATURES: tuple[Signature, ...] = (
          r"has no 'latest' file: no save of it finished",
          r"'latest' names .*, which is missing",
          r"DeepSpeed could not load \S+",
-         r"Invalid for universal checkpoint"),
+         r"Invalid for universal checkpoint",
+         r"\bin check_ckpt_list\b",
+         r"zero_to_fp32[^\n]*(?:FileNotFoundError|No such file)"),
         "the DeepSpeed checkpoint directory is incomplete: a rank's partition file, the "
         "tag or 'latest' is missing (a save that did not finish, or files not copied from "
         "every node)",
@@ -405,8 +562,8 @@ SIGNATURES: tuple[Signature, ...] = (
     # -- batch size ---------------------------------------------------------------------
     Signature(
         "batch-not-divisible", "batch-size",
-        (r"Check batch related parameters\. train_batch_size is not equal to "
-         r"micro_batch_per_gpu \* gradient_acc_step \* world_size",
+        (r"Check batch related parameters\.",
+         r"train_batch_size is not\s+equal to micro_batch_per_gpu \* gradient_acc_step",
          r"is the global batch of backend \w+ and must be a multiple of the \d+ ranks"
          r"(?: \((?P<hint>use --batch_size [^)]*)\))?",
          r"is the (?:global|per-worker) batch of backend \w+ and must be a multiple of "
@@ -426,7 +583,10 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "batch-larger-than-data", "batch-size",
         (r"too few for a batch of \d+ on each of \d+ ranks",
-         r"WebDataset shards hold fewer than a batch"),
+         r"WebDataset shards hold fewer than a batch",
+         r"num_samples should be a positive integer value, but got num_samples=0",
+         r"assert len\(indices\) == self\.(?:total_size|num_samples)",
+         r"This DataLoader does not contain any batches"),
         "the dataset (or a rank's share of it) holds fewer samples than one batch",
         "lower --batch_size, use fewer ranks, or add data / shards",
         "ls DATASET | wc -l"),
@@ -467,7 +627,8 @@ SIGNATURES: tuple[Signature, ...] = (
         "no-launcher-environment", "launcher-args",
         (r"environment variable (?P<var>RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) "
          r"expected, but not set",
-         r"found no launcher environment"),
+         r"found no launcher environment",
+         r"KeyError: '(?P<var2>RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK)'"),
         "a distributed backend was asked for without the launcher that sets up its ranks",
         "start it through its launcher: torchrun --nproc_per_node N -m dalle_dist train "
         "--distributed_backend torch ...; deepspeed --num_gpus N --module dalle_dist train "
@@ -476,7 +637,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "env | grep -E '^(RANK|WORLD_SIZE|LOCAL_RANK|MASTER_ADDR|MASTER_PORT)='"),
     Signature(
         "port-in-use", "launcher-args",
-        (r"(?i)address already in use", r"EADDRINUSE"),
+        (r"(?i)address already in use", r"EADDRINUSE", r"errno: 98\b"),
         "the rendezvous port (MASTER_PORT, 29500 by default) is taken, often by a previous "
         "run that did not exit",
         "pick another port (torchrun --master_port 29501, deepspeed --master_port 29501) or "
@@ -498,7 +659,15 @@ SIGNATURES: tuple[Signature, ...] = (
          r"NCCL WARN .*(?:[Cc]onnect|[Ss]ocket|NET/|[Tt]imeout|[Ii]nterface)",
          r"The client socket has timed out after .* while trying to connect to",
          r"Timed out after \d+ seconds waiting for clients",
-         r"NCCL error in: [^,]*, internal error"),
+         r"NCCL error in: [^,]*, internal error",
+         r"RendezvousConnectionError",
+         r"The connection to the C10d store has failed",
+         r"RendezvousTimeoutError",
+         r"Wait timeout for key",
+         r"wait timeout after \d+ ?ms, keys",
+         r"Timed out initializing process group in store based barrier",
+         r"unable to complete a TCP connection\s*$",
+         r"This is usually caused by a firewall on the remote host"),
         "NCCL could not set up or use the network between ranks (wrong interface, "
         "firewall, unreachable MASTER_ADDR, or no shared memory in a container)",
         "rerun with NCCL_DEBUG=INFO; set NCCL_SOCKET_IFNAME to the interface the nodes share, "
@@ -544,7 +713,9 @@ SIGNATURES: tuple[Signature, ...] = (
         "gloo-timeout", "nccl-comm",
         (r"Timed out waiting \d+ ?ms for (?:recv|send) operation to complete",
          r"gloo/transport/tcp/\w+\.cc:\d+\].*(?:Connection (?:closed|reset) by peer|"
-         r"Timed out)"),
+         r"Timed out|Connect timeout)",
+         r"gloo::IoException",
+         r"gloo::EnforceNotMet"),
         "a gloo collective (CPU training, or Horovod's coordination over gloo) waited past its "
         "timeout or lost its connection: another rank stopped, hung or died",
         "look for the rank that failed first; if none did and the wait was legitimately long, "
@@ -561,20 +732,36 @@ SIGNATURES: tuple[Signature, ...] = (
          r"Connection (?:closed|reset) by peer",
          r"Heartbeat monitor timed out",
          r"ProcessGroupNCCL's watchdog got stuck",
-         r"Some NCCL operations have failed or timed out"),
+         r"Some NCCL operations have failed or timed out",
+         r"Exception \(either an error or timeout\) detected by watchdog"),
         "a collective never completed: a rank hung, died, or ran different steps than the "
         "others (a follow-on of another rank's failure when one is in the log)",
         "look for the first failing rank's own error; else check that every rank sees the "
         "same data length and network, and rerun with NCCL_DEBUG=INFO "
         "TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
         _NCCL_CHECK),
+    Signature(
+        "nccl-error", "nccl-comm",
+        (r"NCCL error in: ",
+         r"\bncclUnhandledCudaError\b|\bncclInvalidArgument\b",
+         r"DistBackendError",
+         r"\bNCCL WARN\b"),
+        "NCCL failed between the ranks (its warnings name the step: topology, shared "
+        "memory, network, or a CUDA call inside NCCL)",
+        "rerun with NCCL_DEBUG=INFO and read the first NCCL WARN; in Docker use --ipc=host "
+        "or a larger --shm-size; set NCCL_SOCKET_IFNAME to the interface the nodes share",
+        _NCCL_CHECK,
+        fallback=True),
     # -- other known failures -------------------------------------------------------------
     Signature(
         "host-oom-killed", "other",
         (r"Signal 9 \(SIGKILL\) received by PID",
          r"exits with return code = -9\b",
+         r"\bexitcode\W+-9\b",
          r"^Killed$",
-         r"Out of memory: Killed process"),
+         r"Out of memory: Killed process",
+         r"is killed by signal: Killed",
+         r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)"),
         "a process was killed with SIGKILL, usually by the kernel's out-of-memory killer "
         "when host RAM ran out (data loader workers, --zero_offload cpu, checkpoint loading)",
         "lower --num_workers and --batch_size, drop --zero_offload cpu, or ask the scheduler "
@@ -582,11 +769,26 @@ SIGNATURES: tuple[Signature, ...] = (
         "dmesg -T | grep -i 'killed process'"),
     Signature(
         "disk-full", "other",
-        (r"No space left on device",),
+        (r"No space left on device",
+         r"\[Errno 28\]",
+         r"Disk quota exceeded",
+         r"PytorchStreamWriter failed writing file",
+         r"write\(\): fd \d+ failed with"),
         "the disk filled up (checkpoints, samples or compiled op caches)",
         "free space or point the output elsewhere; --keep_n_checkpoints limits old "
         "checkpoints",
         "df -h ."),
+    Signature(
+        "shared-memory-exhausted", "other",
+        (r"insufficient shared memory \(shm\)",
+         r"is killed by signal: Bus error",
+         r"\(exitcode: -7\)",
+         r"Signal 7 \(SIGBUS\) received by PID"),
+        "the data loader workers ran out of shared memory (/dev/shm), which containers keep "
+        "small by default",
+        "run the container with --ipc=host or a larger --shm-size (Kubernetes: an emptyDir "
+        "of medium Memory on /dev/shm), or lower --num_workers",
+        "df -h /dev/shm"),
     Signature(
         "nan-loss", "other",
         (_NAN_LOSS,
@@ -605,9 +807,12 @@ SIGNATURES: tuple[Signature, ...] = (
     # -- harmless warnings ----------------------------------------------------------------
     Signature(
         "ds-overflow-skip", BENIGN,
-        (r"\[deepspeed\] OVERFLOW! (?:Rank \d+ )?Skipping step",
-         r"\[deepspeed\] fp16 dynamic loss scale overflow! Skipping step",
-         r"Grad overflow on iteration \d+"),
+        (r"\[deep(?:speed|scale)\] OVERFLOW! (?:Rank \d+ )?Skipping step",
+         r"\[deep(?:speed|scale)\] fp16 dynamic loss scale overflow! Skipping step",
+         r"Grad overflow on iteration:? \d+",
+         r"[Oo]verflow detected\. Skipping step\. Attempted loss scale",
+         r"Reducing dynamic loss scale from [\d.e+-]+ to",
+         r"[Ff]ound overflow\. Skip step"),
         "DeepSpeed's dynamic fp16 loss scaler skipped a step and lowered the scale: normal "
         "in the first steps of fp16 training",
         "nothing, unless the scale keeps falling to its minimum (then see fp16-overflow)",
@@ -615,7 +820,8 @@ SIGNATURES: tuple[Signature, ...] = (
         benign=True),
     Signature(
         "apex-gradient-overflow", BENIGN,
-        (r"Gradient overflow\.\s+Skipping step, loss scaler \d+ reducing loss scale to",),
+        (r"Gradient overflow[.,]?\s+[Ss]kipping step,? loss scaler \d+ reducing loss scale "
+         r"to",),
         "Apex amp's dynamic loss scaler skipped a step and halved the scale: normal early "
         "in fp16 training",
         "nothing, unless the scale keeps falling below 1 (then see fp16-overflow)",
