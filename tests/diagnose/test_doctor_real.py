@@ -3,8 +3,10 @@
 real/<set>/ holds logs copied from GitHub threads (trimmed to the failing part, prefixes
 and colours kept), listed in real/<set>/SOURCES.json with the thread and the evidence
 there for the category. `dev`: from DeepSpeed, PyTorch, Horovod, Apex and DALLE-pytorch,
-the repositories the signatures were written against. `heldout`: from other projects,
-collected apart and not read while writing signatures, the honest measure. Every set
+the repositories the signatures were written against. `outside`: from other projects,
+collected apart as the first held-out set and scored once before anyone read it (61/77 =
+0.79); since then signatures are written against it too. `heldout`: from yet other
+projects, collected apart and not read while writing signatures, the honest measure. Every set
 that is present is scored against its threshold in THRESHOLDS; a set expected but not yet
 merged is listed in PENDING_SETS, so its absence is stated here, not skipped silently,
 and its arrival fails test_real_sets_are_the_expected_ones until it is taken off the list.
@@ -26,7 +28,7 @@ from dalle_dist.diagnose.signatures import BENIGN, CATEGORIES, UNKNOWN
 
 REAL = Path(__file__).parent / "real"
 #: The least accuracy each real set must reach.
-THRESHOLDS = {"dev": 0.97, "heldout": 0.9}
+THRESHOLDS = {"dev": 0.97, "outside": 0.79, "heldout": 0.9}
 #: Sets expected but not merged yet (collected on another branch).
 PENDING_SETS = {"heldout"}
 PRESENT = real_sets(REAL)
