@@ -17,6 +17,8 @@ forward + backward of one layer, 256 and 1024 image tokens):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -31,6 +33,10 @@ from dalle_dist.model.patterns import (
     SequenceLayout,
     SparsePattern,
 )
+from dalle_dist.model.rotary import Rotation, apply_rotary
+
+if TYPE_CHECKING:
+    from dalle_dist.model.shift import ShiftRows
 
 ATTN_IMPLS: tuple[str, ...] = ("auto", "gather", "sdpa", "flex", "dense")
 
@@ -93,6 +99,8 @@ class LayerKVCache(nn.Module):
         self.register_buffer("v", torch.zeros(shape, device=mask.device, dtype=dtype),
                              persistent=False)
         self.register_buffer("mask", mask, persistent=False)
+        #: --shift_tokens: the block's last grid row (shift.ShiftRows), set by the Transformer.
+        self.shift: ShiftRows | None = None
 
     @property
     def max_len(self) -> int:
@@ -162,11 +170,15 @@ class Attention(nn.Module):
         return LayerKVCache(batch, self.heads, self._mask(layout, device), self.dim_head, dtype)
 
     def forward(self, x: Tensor, layout: SequenceLayout, cache: LayerKVCache | None = None,
-                positions: Tensor | None = None) -> Tensor:
+                positions: Tensor | None = None, rotation: Rotation | None = None) -> Tensor:
         """x holds positions 0..n-1 without a cache; with one, the given `positions` [n]
-        (a tensor, so a compiled decode step does not specialise on the step number)."""
+        (a tensor, so a compiled decode step does not specialise on the step number).
+        `rotation` (--rotary_emb) is that of x's positions: queries and keys are rotated
+        before any path or the cache sees them."""
         b, n, _ = x.shape
         q, k, v = self.to_qkv(x).view(b, n, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)
+        if rotation is not None:
+            q, k = apply_rotary(q, rotation), apply_rotary(k, rotation)
         if cache is None:
             out = self._attend(q, k, v, layout)
         else:
