@@ -40,6 +40,8 @@ def dalle_config(**overrides: object) -> DALLEConfig:
     {"dim": 96, "depth": 5, "heads": 3, "dim_head": 40, "ff_mult": 2, "text_seq_len": 17,
      "num_text_tokens": 1000, "num_image_tokens": 512, "image_fmap_size": 16,
      "attn_types": ("full", "axial_row", "axial_col", "conv_like", "sparse")},
+    # rotary drops the learned position embeddings; the shift adds no parameter
+    {"rotary_emb": True, "shift_tokens": True, "attn_types": ("full", "axial_row")},
 ])
 def test_dalle_parameters_are_the_meta_models(overrides: dict) -> None:
     config = dalle_config(**overrides)
@@ -48,6 +50,15 @@ def test_dalle_parameters_are_the_meta_models(overrides: dict) -> None:
     real = {name: tuple(p.shape) for name, p in model.named_parameters()}
     assert plan.dalle_parameter_shapes(config) == real
     assert plan.dalle_parameters(config) == sum(p.numel() for p in model.parameters())
+
+
+def test_rotary_drops_exactly_the_learned_positions() -> None:
+    """--rotary_emb: the plan counts (text_seq_len + 1) text and 2 x fmap axial position
+    rows of dim fewer; --shift_tokens adds nothing. Bug: plan counting a fixed model."""
+    base = plan.dalle_parameters(dalle_config())
+    positions = (48 + 1 + 2 * 8) * 128
+    assert plan.dalle_parameters(dalle_config(rotary_emb=True)) == base - positions
+    assert plan.dalle_parameters(dalle_config(shift_tokens=True)) == base
 
 
 @pytest.mark.parametrize("config", [
