@@ -176,9 +176,18 @@ class Attention(nn.Module):
         `rotation` (--rotary_emb) is that of x's positions: queries and keys are rotated
         before any path or the cache sees them."""
         b, n, _ = x.shape
-        q, k, v = self.to_qkv(x).view(b, n, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)
+        qkv = self.to_qkv(x).view(b, n, 3, self.heads, self.dim_head)
         if rotation is not None:
-            q, k = apply_rotary(q, rotation), apply_rotary(k, rotation)
+            # Rotated token-major ([b, n, heads, dh], the tables broadcast over heads): SDPA
+            # then writes its output token-major too, and to_out's reshape stays a view.
+            # Cast once per layer (not per q and k): the fp32 tables, in q's dtype.
+            cos, sin = (t.to(qkv.dtype)[:, None] for t in rotation)
+            heads = (cos, sin)
+            q = apply_rotary(qkv[:, :, 0], heads).transpose(1, 2)
+            k = apply_rotary(qkv[:, :, 1], heads).transpose(1, 2)
+            v = qkv[:, :, 2].transpose(1, 2)
+        else:
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)
         if cache is None:
             out = self._attend(q, k, v, layout)
         else:
