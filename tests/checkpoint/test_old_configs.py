@@ -20,8 +20,9 @@ def test_checkpoint_without_the_option_fields_loads_with_them_off(
         tiny_dalle: Path, tmp_path: Path) -> None:
     """`train`'s checkpoint, with the two keys removed as an older version wrote it, loads
     through generate's loader (strict weights) with learned positions, as it was trained.
-    Bug (seen failing): --rotary_emb defaulting on, as DALLE-pytorch's class does; the old
-    weights then hold position embeddings the model no longer has."""
+    Bug (seen failing): --rotary_emb defaulting on, as DALLE-pytorch's class does (then
+    old weights hold position embeddings the model no longer has; the run seen failing
+    stopped earlier, at `train` recording the option on)."""
     payload = torch.load(tiny_dalle, weights_only=True)
     model_config = payload["configs"]["model"]
     assert {model_config[k] for k in NEW_FIELDS} == {False}  # new checkpoints record them
