@@ -40,6 +40,8 @@ def dalle_config(**overrides: object) -> DALLEConfig:
     {"dim": 96, "depth": 5, "heads": 3, "dim_head": 40, "ff_mult": 2, "text_seq_len": 17,
      "num_text_tokens": 1000, "num_image_tokens": 512, "image_fmap_size": 16,
      "attn_types": ("full", "axial_row", "axial_col", "conv_like", "sparse")},
+    # rotary drops the learned position embeddings; the shift adds no parameter
+    {"rotary_emb": True, "shift_tokens": True, "attn_types": ("full", "axial_row")},
 ])
 def test_dalle_parameters_are_the_meta_models(overrides: dict) -> None:
     config = dalle_config(**overrides)
@@ -48,6 +50,15 @@ def test_dalle_parameters_are_the_meta_models(overrides: dict) -> None:
     real = {name: tuple(p.shape) for name, p in model.named_parameters()}
     assert plan.dalle_parameter_shapes(config) == real
     assert plan.dalle_parameters(config) == sum(p.numel() for p in model.parameters())
+
+
+def test_rotary_drops_exactly_the_learned_positions() -> None:
+    """--rotary_emb: the plan counts (text_seq_len + 1) text and 2 x fmap axial position
+    rows of dim fewer; --shift_tokens adds nothing. Bug: plan counting a fixed model."""
+    base = plan.dalle_parameters(dalle_config())
+    positions = (48 + 1 + 2 * 8) * 128
+    assert plan.dalle_parameters(dalle_config(rotary_emb=True)) == base - positions
+    assert plan.dalle_parameters(dalle_config(shift_tokens=True)) == base
 
 
 @pytest.mark.parametrize("config", [
@@ -80,9 +91,10 @@ def test_attention_path_is_resolve_impls() -> None:
                         name, device, impl, side)
 
 
-def saved_bytes(config: DALLEConfig, precision: str, batch: int) -> int:
+def saved_bytes(config: DALLEConfig, precision: str, batch: int, attn_impl: str = "auto"
+                ) -> int:
     """Bytes autograd saves in a forward (unique storages, parameters excluded)."""
-    model = DALLE(config)
+    model = DALLE(config, attn_impl)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages: dict[int, int] = {}
 
@@ -119,6 +131,27 @@ def test_layer_activations_are_what_autograd_saves(pattern: str, precision: str,
     per_sample, per_layer = plan.layer_activation_bytes(
         one, path, pattern, plan.Dtypes.of(precision, whole_model=False), "cpu")
     assert per_sample * batch + per_layer == measured, path
+
+
+@pytest.mark.parametrize(("pattern", "precision", "impl"), [
+    ("full", "fp32", "auto"), ("full", "bf16", "auto"), ("axial_row", "fp32", "auto"),
+    ("conv_like", "bf16", "auto"), ("sparse", "fp32", "auto"),
+])
+def test_layer_activations_with_rotary_and_shift(pattern: str, precision: str, impl: str
+                                                 ) -> None:
+    """--rotary_emb and --shift_tokens on: one more layer still adds exactly the modelled
+    bytes. Bugs: the rotated q and k left out; the tables cast once per q and per k."""
+    torch.manual_seed(0)
+    options = {"image_fmap_size": 8, "attn_types": (pattern,), "rotary_emb": True,
+               "shift_tokens": True}
+    one, two = dalle_config(depth=1, **options), dalle_config(depth=2, **options)
+    measured = (saved_bytes(two, precision, 2, impl) - saved_bytes(one, precision, 2, impl))
+    if precision != "fp32":
+        measured -= 2 * (plan.matmul_weights(two) - plan.matmul_weights(one))
+    path = plan.attention_path(pattern, "cpu", 8, impl)
+    per_sample, per_layer = plan.layer_activation_bytes(
+        one, path, pattern, plan.Dtypes.of(precision, whole_model=False), "cpu")
+    assert per_sample * 2 + per_layer == measured, path
 
 
 def test_estimate_is_within_25_percent_of_measured_cpu_peaks() -> None:

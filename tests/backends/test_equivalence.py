@@ -79,3 +79,23 @@ def ddp_vae(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]
 def test_train_vae_on_two_ranks_equals_ddp(name: str, tmp_path: Path,
                                            ddp_vae: dict[str, torch.Tensor]) -> None:
     assert_weights_close(train_vae(name, tmp_path), ddp_vae)
+
+
+MODEL_OPTIONS = ("--rotary_emb", "--shift_tokens")
+
+
+def test_model_options_on_two_fsdp_ranks_equal_one_process(trained: Callable[..., Run]) -> None:
+    """--rotary_emb and --shift_tokens on FSDP2 (sharded: the rotation tables and the shift
+    are no parameters, and must be rebuilt the same on every rank) against one process,
+    weights and every step's gradient norm; the options reached the model (no learned
+    position embeddings in the checkpoint) and its config. Bug: a rank-local table (e.g.
+    built on the meta device, or on one rank only) would leave the ranks' weights apart."""
+    single = trained("single", "fp32", *MODEL_OPTIONS)
+    run = trained("fsdp", "fp32", *MODEL_OPTIONS)
+    for done in (single, run):
+        config = done.payload["configs"]["model"]
+        assert config["rotary_emb"] and config["shift_tokens"]
+        assert not [k for k in done.payload["weights"] if "pos_emb" in k or "row_emb" in k]
+    assert_ranks_consistent("fsdp", run.text)
+    assert_same_norms(run.grad_norms, single.grad_norms)
+    assert_weights_close(run.payload["weights"], single.payload["weights"])

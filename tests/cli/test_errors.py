@@ -239,6 +239,18 @@ def test_train_bad_training_value(tmp_path: Path, tiny_vae: Path, flag: str, val
                            "--dalle_output_file_name", str(tmp_path / "dalle")], flag, value)
 
 
+@pytest.mark.parametrize(("flags", "fragment"), [
+    (["--rotary_emb", "--dim_head", "4"], "--rotary_emb needs --dim_head >= 6"),
+    (["--shift_tokens", "--dim", "2"], "--shift_tokens needs --dim >= 4"),
+], ids=["rotary_emb-dim_head-4", "shift_tokens-dim-2"])
+def test_train_model_option_too_small(tmp_path: Path, tiny_vae: Path, flags: list[str],
+                                      fragment: str) -> None:
+    """A head too narrow for three rotary bands, a model too narrow for a top and a left
+    quarter: refused before anything is written (not rotary doing nothing)."""
+    run_failing(tmp_path, ["train", "--vae_path", str(tiny_vae), *TINY_DALLE_FLAGS, *flags,
+                           "--dalle_output_file_name", str(tmp_path / "dalle")], fragment)
+
+
 def test_train_builtin_vae_epochs_zero(tmp_path: Path) -> None:
     run_failing(tmp_path, ["train", *TINY_DALLE_FLAGS, "--builtin_vae_epochs", "0",
                            "--dalle_output_file_name", str(tmp_path / "dalle")],

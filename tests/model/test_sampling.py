@@ -212,13 +212,20 @@ def test_decoding_never_reads_the_device_on_the_host() -> None:
 
 def test_compiled_sampling_equals_eager() -> None:
     """The one torch.compile test (compiling takes tens of seconds on CPU): all five
-    patterns in one model, batch 2, two calls. Same tokens as the eager decoder, and one
+    patterns in one model, with --rotary_emb and --shift_tokens on (their decode-step
+    state compiles too), batch 2, two calls. Same tokens as the eager decoder, and one
     graph for every position. Bugs: the position baked in as a constant (a recompile per
     token, then dynamo's limit and a silent fall back to eager), a graph break that
-    fullgraph refuses, a compiled step that reads a stale cache."""
+    fullgraph refuses, a compiled step that reads a stale cache; a rotation table or a
+    shift slot indexed by a Python int."""
     from torch._dynamo.utils import counters
 
-    model = _small_model(PATTERN_SETS[-1])
+    torch.manual_seed(0)
+    model = DALLE(dataclasses.replace(SMALL, attn_types=PATTERN_SETS[-1], depth=5,
+                                      rotary_emb=True, shift_tokens=True)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
     eager, compiled = StaticDecoder(model, 2), StaticDecoder(model, 2, compiled=True)
     graphs_before = counters["stats"]["unique_graphs"]
     for seed in (0, 1):

@@ -249,10 +249,15 @@ def remove_unfinished_saves(paths: OutputFiles, log: Log) -> None:
 
 
 def check_flags_agree(given: dict[str, Any], saved: dict[str, Any], source: str) -> None:
-    """Flags given on the command line that contradict the checkpoint's config."""
-    differ = sorted(k for k, v in given.items() if k in saved and _norm(saved[k]) != _norm(v))
+    """Flags given on the command line that contradict the checkpoint's config.
+
+    A field the config does not record was added after the checkpoint was written (e.g.
+    --rotary_emb): that model has the option off, so only an "on" value contradicts it."""
+    differ = sorted(k for k, v in given.items()
+                    if (_norm(saved[k]) != _norm(v) if k in saved else v not in (None, False)))
     if differ:
-        values = ", ".join(f"{k} {_show(given[k])} (checkpoint: {_show(saved[k])})"
+        values = ", ".join(f"{k} {_show(given[k])} (checkpoint: "
+                           f"{_show(saved[k]) if k in saved else 'not recorded: off'})"
                            for k in differ)
         raise ConfigError(f"model flags contradict the checkpoint {source}: {values}",
                           "drop those flags to resume, or train a new model under another "

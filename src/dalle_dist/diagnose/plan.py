@@ -78,6 +78,7 @@ from dalle_dist.model.attention import resolve_impl
 from dalle_dist.model.config import DALLEConfig, VAEConfig
 from dalle_dist.model.dalle import DALLE
 from dalle_dist.model.patterns import SequenceLayout, SparsePattern, build_pattern
+from dalle_dist.model.rotary import rotated_features
 from dalle_dist.model.vae import DiscreteVAE
 
 DEVICES: tuple[str, ...] = ("cuda", "cpu")
@@ -221,6 +222,10 @@ def layer_activation_bytes(c: DALLEConfig, path: str, pattern: str, t: Dtypes,
       (r d), ff_norm output as the input of to_value and to_gate (c d; 2 c d under
       autocast, which casts it once per Linear), value, gate, gelu(gate) and their product
       (4 c f), two LayerNorms' mean and rstd (16), the fused kernel's logsumexp (4 x heads).
+    --rotary_emb: the rotated q and k beside qkv's output (2 c i), and in a 16-bit compute
+    dtype the rotation tables cast to it (2 x n x rotated features, per layer); measured
+    on the sdpa and gather paths (`dense`, the reference, saves less with it).
+    --shift_tokens saves nothing more: the shifted input replaces the norm's output.
     Path extras: `sdpa` with a mask keeps the mask as an n x n float (per layer, not per
     sample); `flex` writes its output head-major (to_out copies it: + c i); `dense` keeps
     copies of q, k and v for its einsums instead of qkv's output, no logsumexp, and
@@ -257,6 +262,10 @@ def layer_activation_bytes(c: DALLEConfig, path: str, pattern: str, t: Dtypes,
         per_sample += m * h * (s * s * dh + 2 * s * keys * dh + s * s * keys)
     else:
         raise ConfigError(f"unknown attention path {path!r}")
+    if c.rotary_emb:
+        per_sample += 2 * k * i * n
+        if k != 4:
+            per_layer += 2 * n * rotated_features(dh) * k
     return per_sample, per_layer
 
 

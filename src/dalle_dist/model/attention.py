@@ -17,6 +17,8 @@ forward + backward of one layer, 256 and 1024 image tokens):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -31,6 +33,10 @@ from dalle_dist.model.patterns import (
     SequenceLayout,
     SparsePattern,
 )
+from dalle_dist.model.rotary import Rotation, apply_rotary
+
+if TYPE_CHECKING:
+    from dalle_dist.model.shift import ShiftRows
 
 ATTN_IMPLS: tuple[str, ...] = ("auto", "gather", "sdpa", "flex", "dense")
 
@@ -93,6 +99,8 @@ class LayerKVCache(nn.Module):
         self.register_buffer("v", torch.zeros(shape, device=mask.device, dtype=dtype),
                              persistent=False)
         self.register_buffer("mask", mask, persistent=False)
+        #: --shift_tokens: the block's last grid row (shift.ShiftRows), set by the Transformer.
+        self.shift: ShiftRows | None = None
 
     @property
     def max_len(self) -> int:
@@ -162,11 +170,24 @@ class Attention(nn.Module):
         return LayerKVCache(batch, self.heads, self._mask(layout, device), self.dim_head, dtype)
 
     def forward(self, x: Tensor, layout: SequenceLayout, cache: LayerKVCache | None = None,
-                positions: Tensor | None = None) -> Tensor:
+                positions: Tensor | None = None, rotation: Rotation | None = None) -> Tensor:
         """x holds positions 0..n-1 without a cache; with one, the given `positions` [n]
-        (a tensor, so a compiled decode step does not specialise on the step number)."""
+        (a tensor, so a compiled decode step does not specialise on the step number).
+        `rotation` (--rotary_emb) is that of x's positions: queries and keys are rotated
+        before any path or the cache sees them."""
         b, n, _ = x.shape
-        q, k, v = self.to_qkv(x).view(b, n, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)
+        qkv = self.to_qkv(x).view(b, n, 3, self.heads, self.dim_head)
+        if rotation is not None:
+            # Rotated token-major ([b, n, heads, dh], the tables broadcast over heads): SDPA
+            # then writes its output token-major too, and to_out's reshape stays a view.
+            # Cast once per layer (not per q and k): the fp32 tables, in q's dtype.
+            cos, sin = (t.to(qkv.dtype)[:, None] for t in rotation)
+            heads = (cos, sin)
+            q = apply_rotary(qkv[:, :, 0], heads).transpose(1, 2)
+            k = apply_rotary(qkv[:, :, 1], heads).transpose(1, 2)
+            v = qkv[:, :, 2].transpose(1, 2)
+        else:
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)
         if cache is None:
             out = self._attend(q, k, v, layout)
         else:

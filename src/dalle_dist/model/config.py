@@ -8,6 +8,8 @@ from dalle_dist.config_base import DictConfig, comma_list, option
 from dalle_dist.errors import ConfigError
 from dalle_dist.model.attention import ATTN_IMPLS
 from dalle_dist.model.patterns import PATTERNS
+from dalle_dist.model.rotary import rotated_features
+from dalle_dist.model.shift import check_shift_dim
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,14 @@ class DALLEConfig(DictConfig):
     stable_softmax: bool = option(
         False, "DALLE-pytorch's stable softmax: max-normalised output before the logits and "
         "a stabler softmax in the dense and gather paths")
+    rotary_emb: bool = option(
+        False, "rotary position embeddings (DALLE-pytorch's): 1-D over the text, axial "
+        "(row, column) over the image, on every layer's queries and keys; replaces the "
+        "learned position embeddings. Needs --dim_head >= 6")
+    shift_tokens: bool = option(
+        False, "DALLE-pytorch's token shift: before attention and feed-forward, half of a "
+        "text position's features come from the previous token, a quarter of an image "
+        "cell's from the cell above and a quarter from the cell to its left")
 
     def __post_init__(self) -> None:
         # A checkpoint stores attn_types as a list; keep the dataclass hashable and comparable.
@@ -105,6 +115,12 @@ class DALLEConfig(DictConfig):
             raise ConfigError("--loss_img_weight must be >= 0")
         if not self.attn_types:
             raise ConfigError("--attn_types is empty", "give at least one pattern, e.g. full")
+        if self.rotary_emb and rotated_features(self.dim_head) == 0:
+            raise ConfigError(f"--rotary_emb needs --dim_head >= 6 (three bands of feature "
+                              f"pairs), got {self.dim_head}",
+                              "raise --dim_head or drop --rotary_emb")
+        if self.shift_tokens:
+            check_shift_dim(self.dim)
 
 
 @dataclass(frozen=True)

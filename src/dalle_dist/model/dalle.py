@@ -39,16 +39,22 @@ class DALLE(nn.Module):
         self.layout = SequenceLayout(text_len=c.text_seq_len + 1, fmap_size=c.image_fmap_size)
 
         self.text_emb = nn.Embedding(self.text_vocab, c.dim)
-        self.text_pos_emb = nn.Embedding(c.text_seq_len + 1, c.dim)
         self.image_emb = nn.Embedding(c.num_image_tokens, c.dim)
-        # Axial position: a row embedding plus a column embedding.
-        self.image_row_emb = nn.Embedding(c.image_fmap_size, c.dim)
-        self.image_col_emb = nn.Embedding(c.image_fmap_size, c.dim)
+        # Learned positions, unless --rotary_emb gives them to every layer's q and k
+        # instead (as in DALLE-pytorch): text positions, image row + column (axial).
+        self.text_pos_emb: nn.Embedding | None = None
+        self.image_row_emb: nn.Embedding | None = None
+        self.image_col_emb: nn.Embedding | None = None
+        if not c.rotary_emb:
+            self.text_pos_emb = nn.Embedding(c.text_seq_len + 1, c.dim)
+            self.image_row_emb = nn.Embedding(c.image_fmap_size, c.dim)
+            self.image_col_emb = nn.Embedding(c.image_fmap_size, c.dim)
         options = PatternOptions(c.conv_kernel_size, c.conv_dilation, c.sparse_random_blocks,
                                  c.sparse_seed)
         self.transformer = Transformer(c.dim, c.depth, c.heads, c.dim_head, c.ff_mult,
                                        c.attn_dropout, c.ff_dropout, c.attn_types, options,
-                                       attn_impl, c.stable_softmax)
+                                       attn_impl, c.stable_softmax, c.rotary_emb,
+                                       c.shift_tokens)
         self.to_logits = nn.Linear(c.dim, self.text_vocab + c.num_image_tokens)
         self.apply(self._init_weights)
 
@@ -71,11 +77,15 @@ class DALLE(nn.Module):
         return F.pad(text, (1, 0), value=0)
 
     def _embed_text(self, text_in: Tensor) -> Tensor:
+        if self.text_pos_emb is None:
+            return self.text_emb(text_in)
         positions = torch.arange(text_in.shape[1], device=text_in.device)
         return self.text_emb(text_in) + self.text_pos_emb(positions)
 
     def _embed_image(self, tokens: Tensor, cells: Tensor | None = None) -> Tensor:
         """Image tokens [b, n] at grid `cells` [n] (row-major; default 0..n-1)."""
+        if self.image_row_emb is None or self.image_col_emb is None:
+            return self.image_emb(tokens)
         if cells is None:
             cells = torch.arange(tokens.shape[1], device=tokens.device)
         side = self.config.image_fmap_size

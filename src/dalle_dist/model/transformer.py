@@ -10,6 +10,8 @@ from torch import Tensor, nn
 
 from dalle_dist.model.attention import Attention, LayerKVCache
 from dalle_dist.model.patterns import PatternOptions, SequenceLayout, build_pattern
+from dalle_dist.model.rotary import RotaryEmbedding, Rotation
+from dalle_dist.model.shift import ShiftRows, shift_tokens
 
 
 class FeedForward(nn.Module):
@@ -33,8 +35,9 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     def __init__(self, dim: int, heads: int, dim_head: int, ff_mult: int, attn_dropout: float,
                  ff_dropout: float, pattern_name: str, options: PatternOptions,
-                 attn_impl: str, stable: bool) -> None:
+                 attn_impl: str, stable: bool, shift: bool = False) -> None:
         super().__init__()
+        self.shift = shift  # --shift_tokens (model/shift.py) on the normalised inputs
         self.attn_norm = nn.LayerNorm(dim)
         self.attn = Attention(dim, heads, dim_head, attn_dropout,
                               build_pattern(pattern_name, options), attn_impl, stable)
@@ -42,36 +45,56 @@ class Block(nn.Module):
         self.ff = FeedForward(dim, ff_mult, ff_dropout)
 
     def forward(self, x: Tensor, layout: SequenceLayout, cache: LayerKVCache | None = None,
-                positions: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), layout, cache, positions)
-        return x + self.ff(self.ff_norm(x))
+                positions: Tensor | None = None, rotation: Rotation | None = None) -> Tensor:
+        h = self.attn_norm(x)
+        if self.shift:
+            h = shift_tokens(h, layout, cache.shift.attn if cache is not None else None,
+                             positions)
+        x = x + self.attn(h, layout, cache, positions, rotation)
+        h = self.ff_norm(x)
+        if self.shift:
+            h = shift_tokens(h, layout, cache.shift.ff if cache is not None else None,
+                             positions)
+        return x + self.ff(h)
 
 
 class Transformer(nn.Module):
     def __init__(self, dim: int, depth: int, heads: int, dim_head: int, ff_mult: int,
                  attn_dropout: float, ff_dropout: float, attn_types: tuple[str, ...],
                  options: PatternOptions | None = None, attn_impl: str = "auto",
-                 stable: bool = False) -> None:
+                 stable: bool = False, rotary_emb: bool = False,
+                 shift_tokens: bool = False) -> None:
         super().__init__()
-        self.heads, self.dim_head = heads, dim_head
+        self.heads, self.dim_head, self.dim = heads, dim_head, dim
         options = options or PatternOptions()
+        # --rotary_emb: one rotation table for every layer (model/rotary.py); no parameters.
+        self.rotary = RotaryEmbedding(dim_head) if rotary_emb else None
         self.blocks = nn.ModuleList(
             Block(dim, heads, dim_head, ff_mult, attn_dropout, ff_dropout,
-                  attn_types[i % len(attn_types)], options, attn_impl, stable)
+                  attn_types[i % len(attn_types)], options, attn_impl, stable, shift_tokens)
             for i in range(depth)
         )
         self.norm = nn.LayerNorm(dim)
 
     def new_cache(self, batch: int, layout: SequenceLayout, device: torch.device,
                   dtype: torch.dtype) -> nn.ModuleList:
-        """One preallocated LayerKVCache per block, each over the whole sequence."""
-        return nn.ModuleList(block.attn.new_cache(batch, layout, device, dtype)
-                             for block in self.blocks)
+        """One preallocated LayerKVCache per block, each over the whole sequence (with the
+        last grid row of each shift point under --shift_tokens)."""
+        caches = nn.ModuleList()
+        for block in self.blocks:
+            cache = block.attn.new_cache(batch, layout, device, dtype)
+            if block.shift:
+                cache.shift = ShiftRows(batch, layout, self.dim, device, dtype)
+            caches.append(cache)
+        return caches
 
     def forward(self, x: Tensor, layout: SequenceLayout,
                 cache: Sequence[LayerKVCache] | None = None,
                 positions: Tensor | None = None) -> Tensor:
         """Without a cache x holds positions 0..n-1; with one, `positions` says where."""
+        rotation = (self.rotary.at(layout, x.shape[1], x.device,
+                                   positions if cache is not None else None)
+                    if self.rotary is not None else None)
         for i, block in enumerate(self.blocks):
-            x = block(x, layout, cache[i] if cache is not None else None, positions)
+            x = block(x, layout, cache[i] if cache is not None else None, positions, rotation)
         return self.norm(x)
