@@ -21,6 +21,8 @@ $(BASE): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet Cython
+	$(BIN)/pip install --quiet --no-build-isolation -e '.[dev,yttm]'
 	touch $(BASE)
 
 $(DEEPSPEED): $(BASE)

@@ -20,7 +20,13 @@ from dalle_dist.data.tokenizer import (
     tokenize,
     tokenizer_from_dict,
 )
+from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.errors import DataError
+
+def hug(path: Path) -> TokenizerConfig:
+    """--hug --bpe_path PATH."""
+    return TokenizerConfig(bpe_path=str(path), hug=True)
+
 
 WORDS = ["[UNK]", "a", "small", "large", "red", "blue", "circle", "square", "on", "the", "left"]
 
@@ -99,7 +105,7 @@ def test_check_caption_lengths() -> None:
 # -- HuggingFace tokenizers JSON -----------------------------------------------------------
 
 def test_hf_ids_shifted_by_one(word_tokenizer_path: Path) -> None:
-    tok = load_tokenizer(str(word_tokenizer_path))
+    tok = load_tokenizer(hug(word_tokenizer_path))
     assert isinstance(tok, HFTokenizer)
     assert tok.vocab_size == len(WORDS) + 1
     ids = tok.encode("a small red circle")
@@ -109,7 +115,7 @@ def test_hf_ids_shifted_by_one(word_tokenizer_path: Path) -> None:
 
 
 def test_hf_decode_round_trip(word_tokenizer_path: Path) -> None:
-    tok = load_tokenizer(str(word_tokenizer_path))
+    tok = load_tokenizer(hug(word_tokenizer_path))
     text = "a large blue square on the left"
     assert tok.decode(tok.encode(text)) == text
     padded = tokenize(tok, [text], context_length=12)
@@ -118,7 +124,7 @@ def test_hf_decode_round_trip(word_tokenizer_path: Path) -> None:
 
 
 def test_hf_dict_round_trip(word_tokenizer_path: Path) -> None:
-    tok = load_tokenizer(str(word_tokenizer_path))
+    tok = load_tokenizer(hug(word_tokenizer_path))
     values = tok.to_dict()
     assert values["kind"] == "hf"
     json.loads(values["json"])  # plain JSON text, safe in a weights_only checkpoint
@@ -134,12 +140,13 @@ def test_byte_dict_round_trip() -> None:
     assert isinstance(rebuilt, ByteTokenizer)
     assert rebuilt.encode("Hi") == ByteTokenizer().encode("Hi")
     assert isinstance(load_tokenizer(None), ByteTokenizer)
+    assert isinstance(load_tokenizer(TokenizerConfig()), ByteTokenizer)
 
 
 def test_missing_tokenizer_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope.json"
     with pytest.raises(DataError) as info:
-        load_tokenizer(str(missing))
+        load_tokenizer(hug(missing))
     message = str(info.value)
     assert "--bpe_path" in message and "does not exist" in message and str(missing) in message
 
@@ -150,7 +157,7 @@ def test_non_json_tokenizer_file(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "bad.json"
     path.write_bytes(content)
     with pytest.raises(DataError) as info:
-        load_tokenizer(str(path))
+        load_tokenizer(hug(path))
     message = str(info.value)
     assert "--bpe_path" in message and str(path) in message
     assert "\n" not in message  # the CLI prints it as one line

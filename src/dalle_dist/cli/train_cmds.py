@@ -160,7 +160,7 @@ def run_train(args: argparse.Namespace) -> int:
     data_cfg = from_args(DataConfig, args, image_size=args.image_size)
     return run_on_backend(args, lambda backend: train_dalle(
         model_args, train_cfg, data_cfg, args.dalle_output_file_name, backend,
-        vae_path=args.vae_path, resume=resume, bpe_path=from_args(TokenizerConfig, args).bpe_path,
+        vae_path=args.vae_path, resume=resume, tokenizer_cfg=from_args(TokenizerConfig, args),
         attn_impl=args.attn_impl, text_seq_len=text_seq_len, lr_decay=args.lr_decay,
         fidelity_images=args.fidelity_images, builtin_vae_epochs=args.builtin_vae_epochs,
         tf32=not args.no_tf32))

@@ -38,6 +38,7 @@ from dalle_dist.data import (
 )
 from dalle_dist.data.images import make_grid, save_png
 from dalle_dist.data.loader import check_num_workers, default_num_workers
+from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.data.tokenizer import load_tokenizer
 from dalle_dist.errors import ConfigError, DataError
 from dalle_dist.model import DALLEConfig, PatternOptions, VAEConfig, build_pattern
@@ -283,14 +284,16 @@ def builtin_vae_payload(data_cfg: DataConfig, backend: DistributedBackend, log: 
 
 def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: DataConfig,
                 output: str, backend: DistributedBackend, *, vae_path: str | None = None,
-                resume: ResumeConfig | None = None, bpe_path: str | None = None,
+                resume: ResumeConfig | None = None, tokenizer_cfg: TokenizerConfig | None = None,
                 text_seq_len: int = 48, lr_decay: bool = False, fidelity_images: int = 64,
                 attn_impl: str = "auto", cache_dir: Path | None = None,
                 builtin_vae_epochs: int = BUILTIN_VAE_TRAIN.epochs, tf32: bool = True
                 ) -> float | None:
     """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere).
-    tf32: fp32 matmuls and convolutions in TF32 on CUDA (set_tf32)."""
+    tokenizer_cfg: --bpe_path / --hug / --chinese (a resumed checkpoint's own tokenizer
+    must agree with them); tf32: fp32 matmuls and convolutions in TF32 on CUDA (set_tf32)."""
     resume = resume or ResumeConfig()
+    tokenizer_cfg = tokenizer_cfg or TokenizerConfig()
     train_cfg.validate()
     resume.validate()
     if vae_path and resume.source and resume.source != "auto":
@@ -311,7 +314,8 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     run = RunSetup.begin("dalle", "--dalle_output_file_name", backend, train_cfg, resume,
                          paths, log, tf32)
     if run.payload is not None:
-        model_cfg, vae, tokenizer = dalle_parts(run.payload)
+        model_cfg, vae, tokenizer = backend.everywhere("the checkpoint's tokenizer", lambda: (
+            dalle_parts(run.payload, tokenizer_cfg, str(run.payload["loaded_from"]))))
         if vae_path:
             log.info("the checkpoint carries its VAE: --vae_path is not used")
     else:
@@ -324,7 +328,7 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
         else:
             raise ConfigError("--vae_path is required with --image_text_folder",
                               "train one first with dalle-dist train-vae --image_folder ...")
-        tokenizer = backend.everywhere("the tokenizer load", lambda: load_tokenizer(bpe_path))
+        tokenizer = backend.everywhere("the tokenizer load", lambda: load_tokenizer(tokenizer_cfg))
         model_cfg = DALLEConfig(num_text_tokens=tokenizer.vocab_size, text_seq_len=text_seq_len,
                                 num_image_tokens=vae.config.num_tokens,
                                 image_fmap_size=vae.config.fmap_size, **model_args)
