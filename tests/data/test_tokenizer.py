@@ -11,6 +11,7 @@ import torch
 from tokenizers import Tokenizer as HFRaw
 from tokenizers import models, pre_tokenizers
 
+from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.data.tokenizer import (
     ByteTokenizer,
     HFTokenizer,
@@ -20,8 +21,8 @@ from dalle_dist.data.tokenizer import (
     tokenize,
     tokenizer_from_dict,
 )
-from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.errors import DataError
+
 
 def hug(path: Path) -> TokenizerConfig:
     """--hug --bpe_path PATH."""

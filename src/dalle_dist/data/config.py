@@ -18,6 +18,8 @@ class DataConfig(DictConfig):
         "caption member extensions, e.g. jpg,txt", metavar="IMG,CAP",
         default_text="default: a plain folder")
     image_size: int = 32  # the VAE's (train-vae's --image_size, or the VAE DALL-E trains on)
+    #: the VAE's too: 4 (--transparent) loads RGBA, alpha kept, opaque images get alpha 1
+    channels: int = 3
     truncate_captions: bool = option(
         False, "cut captions longer than --text_seq_len instead of stopping")
     resize_ratio: float = option(

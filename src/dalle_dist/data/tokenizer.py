@@ -252,9 +252,10 @@ def import_youtokentome(what: str) -> Any:
         import youtokentome
     except ImportError:
         raise ConfigError(
-            f"{what}, and youtokentome is not installed (pip install 'dalle_dist[yttm]'; it builds from source and needs "
-            "Cython)", "or convert the tokenizer to a HuggingFace tokenizers JSON and pass "
-            "--hug --bpe_path FILE.json") from None
+            f"{what}, and youtokentome is not installed (pip install Cython, then pip "
+            "install --no-build-isolation 'dalle_dist[yttm]')",
+            "or convert the tokenizer to a HuggingFace tokenizers JSON and pass --hug "
+            "--bpe_path FILE.json") from None
     return youtokentome
 
 

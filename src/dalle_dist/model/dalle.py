@@ -228,7 +228,8 @@ class DALLE(nn.Module):
         generator: torch.Generator | None = None,
         decoder: StaticDecoder | None = None,
     ) -> Tensor:
-        """Captions -> [b, 3, H, W] images in [0, 1], decoded by the model's own VAE."""
+        """Captions -> [b, C, H, W] images in [0, 1], decoded by the model's own VAE (C: its
+        channels, 4 for a --transparent one)."""
         tokens = self.sample_image_tokens(text, filter_thres, temperature, generator,
                                           decoder=decoder)
         return vae.decode(tokens)

@@ -36,15 +36,21 @@ from dalle_dist.data import (
     check_captions,
     make_loader,
 )
+from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.data.images import make_grid, save_png
 from dalle_dist.data.loader import check_num_workers, default_num_workers
-from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.data.tokenizer import load_tokenizer
 from dalle_dist.errors import ConfigError, DataError
 from dalle_dist.model import DALLEConfig, PatternOptions, VAEConfig, build_pattern
 from dalle_dist.model.attention_paths import flex_dropout_error
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
-from dalle_dist.train.config import ResumeConfig, RunPaths, TrainConfig, VAESchedule
+from dalle_dist.train.config import (
+    ResumeConfig,
+    RunPaths,
+    TrainConfig,
+    VAESamples,
+    VAESchedule,
+)
 from dalle_dist.train.dalle_task import DALLETask
 from dalle_dist.train.evaluate import evaluate_fidelity
 from dalle_dist.train.loop import inference_model, train
@@ -226,11 +232,13 @@ class RunSetup:
 def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
               data_cfg: DataConfig, output: str, backend: DistributedBackend,
               log: RunLog | None = None, paths: RunPaths | None = None,
-              resume: ResumeConfig | None = None, tf32: bool = True) -> Path:
+              resume: ResumeConfig | None = None, tf32: bool = True,
+              samples: VAESamples | None = None) -> Path:
     """Train a discrete VAE; returns the checkpoint path. tf32: fp32 matmuls and
-    convolutions in TF32 on CUDA (set_tf32)."""
+    convolutions in TF32 on CUDA (set_tf32); samples: what the sample grids show."""
     resume = resume or ResumeConfig()
-    for cfg in (vae_cfg, schedule, train_cfg, resume):
+    samples = samples or VAESamples()
+    for cfg in (vae_cfg, schedule, train_cfg, resume, samples):
         cfg.validate()
     paths = paths or RunPaths.for_output(output)
     log = log or RunLog(paths.metrics, backend.is_root)
@@ -238,10 +246,11 @@ def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
                          tf32)
     if run.payload is not None:
         vae_cfg = VAEConfig.from_dict(run.payload["configs"]["model"])
+    data_cfg = replace(data_cfg, channels=vae_cfg.channels)
     loader = run.loader(lambda workers: rank_loader(
         data_cfg, vae_cfg.image_size, train_cfg, backend, CaptionCollate(None, 0, False),
         False, log, flag="--image_folder", workers=workers), data_cfg, "--image_folder")
-    task = VAETask(vae_cfg, schedule, train_cfg, data_cfg.to_dict())
+    task = VAETask(vae_cfg, schedule, train_cfg, data_cfg.to_dict(), samples)
     run.train(task, loader, f"training a VAE: {vae_cfg.image_size}px -> {vae_cfg.fmap_size}x"
               f"{vae_cfg.fmap_size} tokens of {vae_cfg.num_tokens}")
     log.info(f"saved VAE to {paths.checkpoint}")
@@ -334,7 +343,7 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
                                 image_fmap_size=vae.config.fmap_size, **model_args)
     model_cfg.validate()
 
-    data_cfg = replace(data_cfg, image_size=vae.config.image_size)
+    data_cfg = replace(data_cfg, image_size=vae.config.image_size, channels=vae.config.channels)
     collate = CaptionCollate(tokenizer, model_cfg.text_seq_len, data_cfg.truncate_captions)
     loader = run.loader(lambda workers: checked_loader(
         data_cfg, train_cfg, backend, collate, tokenizer, model_cfg.text_seq_len, log,
