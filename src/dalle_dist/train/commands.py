@@ -318,6 +318,9 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     for name in model_args.get("attn_types", ()):
         build_pattern(name, options)
     check_attn_impl(attn_impl, backend.device, model_args.get("attn_dropout", 0.0))
+    # Before anything is trained or written: a bad tokenizer file must not wait for the
+    # built-in VAE's training.
+    requested = backend.everywhere("the tokenizer load", lambda: load_tokenizer(tokenizer_cfg))
     paths = RunPaths.for_output(output)
     log = RunLog(paths.metrics, backend.is_root)
     run = RunSetup.begin("dalle", "--dalle_output_file_name", backend, train_cfg, resume,
@@ -337,7 +340,7 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
         else:
             raise ConfigError("--vae_path is required with --image_text_folder",
                               "train one first with dalle-dist train-vae --image_folder ...")
-        tokenizer = backend.everywhere("the tokenizer load", lambda: load_tokenizer(tokenizer_cfg))
+        tokenizer = requested
         model_cfg = DALLEConfig(num_text_tokens=tokenizer.vocab_size, text_seq_len=text_seq_len,
                                 num_image_tokens=vae.config.num_tokens,
                                 image_fmap_size=vae.config.fmap_size, **model_args)
