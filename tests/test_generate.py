@@ -120,7 +120,7 @@ def test_tokenizer_flags_against_the_checkpoint(tmp_path: Path) -> None:
         generate(str(bare), ["x"], str(out), config, CPU, tokenizer=TokenizerConfig(chinese=True))
     assert not out.exists()
     assert generate(str(bare), ["x"], str(out), config, CPU, lambda _: None)  # bytes fit
-    cjk_model, cjk_vae, cjk = tiny_parts(tokenizer=CJKTokenizer())
+    cjk_model, cjk_vae, _ = tiny_parts(tokenizer=CJKTokenizer())
     cjk_bare = write_dalle(tmp_path / "cjk.pt", cjk_model, cjk_vae, None)
     [grid] = generate(str(cjk_bare), ["一只狗"], str(tmp_path / "cjk"), config, CPU,
                       lambda _: None, tokenizer=TokenizerConfig(chinese=True))
