@@ -58,7 +58,7 @@ def test_bad_flags_stop_before_writing(args: list[str], fragment: str, tmp_path:
     """One process per flag (each costs a start); the other bad tokenizer inputs (a JSON
     without --hug, files youtokentome would accept, contradicting flags) raise the same
     way and are tested in-process in tests/data/test_tokenizer.py. Bug caught: train
-    checking the tokenizer only after the VAE is loaded or trained."""
+    a missing check, which lets the run start (and train the built-in VAE first)."""
     (tmp_path / "words.json").write_text('{"model": {"type": "WordLevel"}}')
     out = "--vae_output_file_name" if args[0] == "train-vae" else "--dalle_output_file_name"
     result = run_cli(*args, out, "run/out", cwd=tmp_path)
