@@ -57,7 +57,7 @@ def test_train_vae_transparent_with_num_images_save(rgba_folder: Path, tmp_path:
 def test_bad_flags_stop_before_writing(args: list[str], fragment: str, tmp_path: Path) -> None:
     """One process per flag (each costs a start); the other bad tokenizer inputs (a JSON
     without --hug, files youtokentome would accept, contradicting flags) raise the same
-    way and are tested in-process in tests/data/test_tokenizer.py. Bug caught: train
+    way and are tested in-process in tests/data/test_tokenizer.py. Bug caught:
     a missing check, which lets the run start (and train the built-in VAE first)."""
     (tmp_path / "words.json").write_text('{"model": {"type": "WordLevel"}}')
     out = "--vae_output_file_name" if args[0] == "train-vae" else "--dalle_output_file_name"
