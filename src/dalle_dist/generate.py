@@ -126,6 +126,7 @@ def generate(dalle_path: str, prompts: Sequence[str], outputs_dir: str, config: 
         raise ConfigError("--text holds an empty prompt",
                           'give some words, e.g. --text "a red circle", or pass --gentxt to '
                           "let the model write the caption")
+    out_root = ensure_writable_dir(outputs_dir, "--outputs_dir")
     sampler = load_sampler(dalle_path, device, tokenizer=tokenizer)
     text_seq_len = sampler.model.config.text_seq_len
     if config.gentxt:
@@ -135,7 +136,6 @@ def generate(dalle_path: str, prompts: Sequence[str], outputs_dir: str, config: 
     else:
         all_text = list(tokenize(sampler.tokenizer, prompts, text_seq_len,
                                  config.truncate_captions))
-    out_root = ensure_writable_dir(outputs_dir, "--outputs_dir")
     generator = torch.Generator(device)
     if config.seed is not None:
         generator.manual_seed(config.seed)
