@@ -16,7 +16,7 @@ from dalle_dist.checkpoint.format import checkpoint_meta, write_checkpoint_file
 from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.data.tokenizer import ByteTokenizer, CJKTokenizer, Tokenizer, tokenize
 from dalle_dist.errors import CheckpointError, ConfigError
-from dalle_dist.generate import GenerateConfig, generate
+from dalle_dist.generate import GenerateConfig, generate, prompt_dir_name
 from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
 
 CPU = torch.device("cpu")
@@ -125,3 +125,11 @@ def test_tokenizer_flags_against_the_checkpoint(tmp_path: Path) -> None:
     [grid] = generate(str(cjk_bare), ["一只狗"], str(tmp_path / "cjk"), config, CPU,
                       lambda _: None, tokenizer=TokenizerConfig(chinese=True))
     assert grid.exists()
+
+
+def test_prompt_folders_keep_letters_of_any_script() -> None:
+    """Bug caught: every Chinese prompt written to the one folder "prompt"."""
+    assert prompt_dir_name("a small red circle, on the left!") == "a_small_red_circle_on_the_left"
+    assert prompt_dir_name("一只狗在沙滩上奔跑。") == "一只狗在沙滩上奔跑"
+    assert prompt_dir_name("一只狗") != prompt_dir_name("一只猫")
+    assert prompt_dir_name("?!") == "prompt"

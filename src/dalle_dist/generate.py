@@ -88,7 +88,9 @@ def split_prompts(text: str) -> list[str]:
 
 
 def prompt_dir_name(prompt: str) -> str:
-    name = re.sub(r"[^a-zA-Z0-9]+", "_", prompt).strip("_")[:100]
+    """The prompt's letters and digits joined by "_"; letters of any script, so Chinese
+    prompts (--chinese) get folders of their own rather than all sharing "prompt"."""
+    name = re.sub(r"[\W_]+", "_", prompt).strip("_")[:100]
     return name or "prompt"
 
 
