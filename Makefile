@@ -21,6 +21,9 @@ $(BASE): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# the yttm extra: youtokentome's build imports Cython (and setuptools) without declaring them
+	$(BIN)/pip install --quiet Cython setuptools wheel
+	$(BIN)/pip install --quiet --no-build-isolation 'youtokentome>=1.0.6'
 	touch $(BASE)
 
 $(DEEPSPEED): $(BASE)

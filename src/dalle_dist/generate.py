@@ -11,10 +11,11 @@ import torch
 
 from dalle_dist.checkpoint.load import dalle_parts, load_checkpoint
 from dalle_dist.config_base import option
+from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.data.images import make_grid, save_png, tensor_to_pil
-from dalle_dist.data.tokenizer import Tokenizer, tokenize
+from dalle_dist.data.tokenizer import Tokenizer, caption_too_long, tokenize
 from dalle_dist.errors import ConfigError
-from dalle_dist.fileio import ensure_writable_dir
+from dalle_dist.fileio import atomic_writer, ensure_writable_dir
 from dalle_dist.model import DALLE, DiscreteVAE
 from dalle_dist.model.decoding import StaticDecoder
 
@@ -33,6 +34,11 @@ class GenerateConfig:
         False, "compile the decode step: torch.compile on CPU, CUDA graphs (mode "
                "reduce-overhead) on CUDA; same images, faster once compiled (compiling "
                "takes seconds to a minute, once per batch size)")
+    gentxt: bool = option(
+        False, "complete each prompt with the model's own text predictions first (sampled "
+        "with --top_k and --temperature, as DALLE-pytorch's generate_texts), then draw the "
+        "images from the completed caption; it is printed and saved as caption.txt, and an "
+        "empty prompt starts from nothing")
 
     def validate(self) -> None:
         if self.num_images <= 0:
@@ -55,8 +61,12 @@ class Sampler:
     tokenizer: Tokenizer
 
 
-def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_path") -> Sampler:
-    """From a checkpoint file, a DeepSpeed directory, or a safetensors export."""
+def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_path",
+                 tokenizer: TokenizerConfig | None = None) -> Sampler:
+    """From a checkpoint file, a DeepSpeed directory, or a safetensors export.
+
+    tokenizer: the command's --bpe_path / --hug / --chinese; they must agree with the
+    tokenizer the checkpoint carries, and choose it only where it carries none."""
     if Path(path).suffix in (".json", ".safetensors"):
         from dalle_dist.checkpoint.export import load_exported
 
@@ -66,10 +76,10 @@ def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_pa
                               "export the DALL-E checkpoint")
     else:
         payload = load_checkpoint(str(path), flag, "dalle")
-    config, vae, tokenizer = dalle_parts(payload)
+    config, vae, tok = dalle_parts(payload, tokenizer, f"{flag} {path}")
     model = DALLE(config)
     model.load_state_dict(payload["weights"])
-    return Sampler(model.to(device).eval(), vae.to(device).eval(), tokenizer)
+    return Sampler(model.to(device).eval(), vae.to(device).eval(), tok)
 
 
 def split_prompts(text: str) -> list[str]:
@@ -78,21 +88,56 @@ def split_prompts(text: str) -> list[str]:
 
 
 def prompt_dir_name(prompt: str) -> str:
-    name = re.sub(r"[^a-zA-Z0-9]+", "_", prompt).strip("_")[:100]
+    """The prompt's letters and digits joined by "_"; letters of any script, so Chinese
+    prompts (--chinese) get folders of their own rather than all sharing "prompt"."""
+    name = re.sub(r"[\W_]+", "_", prompt).strip("_")[:100]
     return name or "prompt"
 
 
+def prompt_ids(tokenizer: Tokenizer, prompt: str, text_seq_len: int, truncate: bool
+               ) -> torch.Tensor:
+    """[1, k] ids of a prompt for --gentxt to continue (no padding: the model writes it)."""
+    ids = tokenizer.encode(prompt)
+    if len(ids) > text_seq_len:
+        if not truncate:
+            raise caption_too_long(prompt, len(ids), text_seq_len)
+        ids = ids[:text_seq_len]
+    return torch.tensor([ids], dtype=torch.long)
+
+
+def complete_caption(sampler: Sampler, prompt: str, config: GenerateConfig,
+                     generator: torch.Generator) -> tuple[str, torch.Tensor]:
+    """--gentxt: the completed caption and its [text_seq_len] ids, which the images are
+    then drawn from."""
+    model = sampler.model
+    ids = prompt_ids(sampler.tokenizer, prompt, model.config.text_seq_len,
+                     config.truncate_captions)
+    completed = model.complete_text(ids.to(model.text_emb.weight.device), config.top_k,
+                                    config.temperature, generator)
+    text = model.caption_ids(completed)[0]
+    return sampler.tokenizer.decode(text.tolist()), text
+
+
 def generate(dalle_path: str, prompts: Sequence[str], outputs_dir: str, config: GenerateConfig,
-             device: torch.device, log: Callable[[str], None] = print) -> list[Path]:
-    """Write num_images PNGs and grid.png per prompt; returns the grid paths."""
+             device: torch.device, log: Callable[[str], None] = print,
+             tokenizer: TokenizerConfig | None = None) -> list[Path]:
+    """Write num_images PNGs and grid.png per prompt; returns the grid paths.
+    tokenizer: --bpe_path / --hug / --chinese (see load_sampler)."""
     config.validate()
-    if not prompts or any(not p.strip() for p in prompts):
+    if not prompts or (not config.gentxt and any(not p.strip() for p in prompts)):
         raise ConfigError("--text holds an empty prompt",
-                          'give some words, e.g. --text "a red circle"')
+                          'give some words, e.g. --text "a red circle", or pass --gentxt to '
+                          "let the model write the caption")
     out_root = ensure_writable_dir(outputs_dir, "--outputs_dir")
-    sampler = load_sampler(dalle_path, device)
+    sampler = load_sampler(dalle_path, device, tokenizer=tokenizer)
     text_seq_len = sampler.model.config.text_seq_len
-    all_text = tokenize(sampler.tokenizer, prompts, text_seq_len, config.truncate_captions)
+    if config.gentxt:
+        for prompt in prompts:  # every prompt checked before the first is sampled
+            prompt_ids(sampler.tokenizer, prompt, text_seq_len, config.truncate_captions)
+        all_text = [None] * len(prompts)
+    else:
+        all_text = list(tokenize(sampler.tokenizer, prompts, text_seq_len,
+                                 config.truncate_captions))
     generator = torch.Generator(device)
     if config.seed is not None:
         generator.manual_seed(config.seed)
@@ -104,8 +149,14 @@ def generate(dalle_path: str, prompts: Sequence[str], outputs_dir: str, config: 
     decoders: dict[int, StaticDecoder] = {}
     grids = []
     for prompt, text in zip(prompts, all_text, strict=True):
+        if text is None:  # --gentxt
+            prompt, text = complete_caption(sampler, prompt, config, generator)
+            log(f"completed caption: {prompt!r}")
         folder = out_root / prompt_dir_name(prompt)
         folder.mkdir(parents=True, exist_ok=True)
+        if config.gentxt:
+            with atomic_writer(folder / "caption.txt") as f:
+                f.write((prompt + "\n").encode("utf-8"))
         images = []
         for start in range(0, config.num_images, config.batch_size):
             n = min(config.batch_size, config.num_images - start)

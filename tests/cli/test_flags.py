@@ -24,11 +24,17 @@ from dalle_dist.config_base import flag_fields, flag_of
 from dalle_dist.data.config import DataConfig, TokenizerConfig
 from dalle_dist.generate import GenerateConfig
 from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
-from dalle_dist.train.config import VAE_TRAIN_DEFAULTS, ResumeConfig, TrainConfig, VAESchedule
+from dalle_dist.train.config import (
+    VAE_TRAIN_DEFAULTS,
+    ResumeConfig,
+    TrainConfig,
+    VAESamples,
+    VAESchedule,
+)
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "dalle_dist"
 CONFIGS = (DALLEConfig, VAEConfig, ComputeConfig, DataConfig, TokenizerConfig, TrainConfig,
-           VAESchedule, ResumeConfig, GenerateConfig, DistributedConfig)
+           VAESchedule, VAESamples, ResumeConfig, GenerateConfig, DistributedConfig)
 
 
 def _cli(*argv: str) -> str:
@@ -83,9 +89,10 @@ def test_plan_reports_the_defaults_train_help_shows() -> None:
 #: the configs whose fields each command's flags fill
 USES = {"train": (DALLEConfig, ComputeConfig, DataConfig, TokenizerConfig, TrainConfig,
                   ResumeConfig, VAEConfig, DistributedConfig),
-        "train-vae": (VAEConfig, VAESchedule, DataConfig, ResumeConfig, DistributedConfig),
+        "train-vae": (VAEConfig, VAESchedule, VAESamples, DataConfig, ResumeConfig,
+                      DistributedConfig),
         "plan": (DALLEConfig, ComputeConfig, TokenizerConfig, VAEConfig, TrainConfig),
-        "generate": (GenerateConfig, DistributedConfig)}
+        "generate": (GenerateConfig, TokenizerConfig, DistributedConfig)}
 
 
 def test_every_command_parses_a_shared_field_to_the_dataclass_default() -> None:
@@ -123,6 +130,13 @@ def test_dalle_pytorch_spellings_still_parse() -> None:
     args = parser.parse_args(["train", "--distr_backend", "deepspeed", "--fp16",
                               "--zero_stage", "2"])
     assert (args.backend, args.precision, args.zero_stage) == ("deepspeed", "fp16", 2)
+    args = parser.parse_args(["train-vae", "--transparent", "--num_images_save", "4"])
+    assert (args.channels, args.num_images_save) == (4, 4)
+    args = parser.parse_args(["train", "--hug", "--bpe_path", "t.json", "--chinese"])
+    assert (args.hug, args.bpe_path, args.chinese) == (True, "t.json", True)
+    args = parser.parse_args(["generate", "--dalle_path", "d.pt", "--text", "t", "--gentxt",
+                              "--hug", "--bpe_path", "t.json", "--chinese"])
+    assert (args.gentxt, args.hug, args.bpe_path, args.chinese) == (True, True, "t.json", True)
 
 
 def _declared_option_strings() -> list[tuple[str, str]]:

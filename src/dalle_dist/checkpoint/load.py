@@ -16,7 +16,9 @@ from dalle_dist.checkpoint.deepspeed_dir import (
     read_ds_meta,
 )
 from dalle_dist.checkpoint.format import check_kind, read_checkpoint_file
-from dalle_dist.data.tokenizer import Tokenizer, tokenizer_from_dict
+from dalle_dist.data.config import TokenizerConfig
+from dalle_dist.data.tokenizer import Tokenizer, resolve_tokenizer
+from dalle_dist.errors import CheckpointError
 from dalle_dist.model import DALLEConfig, DiscreteVAE, VAEConfig
 
 
@@ -58,8 +60,21 @@ def vae_from_checkpoint(payload: dict[str, Any]) -> DiscreteVAE:
     return vae
 
 
-def dalle_parts(payload: dict[str, Any]) -> tuple[DALLEConfig, DiscreteVAE, Tokenizer]:
-    """What a DALL-E checkpoint alone rebuilds: model config, its VAE and its tokenizer."""
+def dalle_parts(payload: dict[str, Any], tokenizer: TokenizerConfig | None = None,
+                where: str = "the checkpoint") -> tuple[DALLEConfig, DiscreteVAE, Tokenizer]:
+    """What a DALL-E checkpoint alone rebuilds: model config, its VAE and its tokenizer.
+
+    `tokenizer`: the tokenizer flags of the command (--bpe_path, --hug, --chinese), which
+    must agree with the tokenizer the checkpoint carries, and name it only where the
+    checkpoint carries none (data.tokenizer.resolve_tokenizer); `where` names the
+    checkpoint in messages.
+    """
     configs = payload["configs"]
-    return (DALLEConfig.from_dict(configs["model"]), vae_from_checkpoint(payload),
-            tokenizer_from_dict(configs["tokenizer"]))
+    config = DALLEConfig.from_dict(configs["model"])
+    tok = resolve_tokenizer(configs.get("tokenizer"), tokenizer or TokenizerConfig(), where)
+    if configs.get("tokenizer") is None and tok.vocab_size != config.num_text_tokens:
+        raise CheckpointError(
+            f"{where} carries no tokenizer, and {(tokenizer or TokenizerConfig()).describe()} "
+            f"has {tok.vocab_size} text tokens where the model has {config.num_text_tokens}",
+            "give the tokenizer it was trained with: --bpe_path, --hug or --chinese")
+    return config, vae_from_checkpoint(payload), tok

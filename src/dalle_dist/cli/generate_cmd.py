@@ -6,6 +6,7 @@ import argparse
 
 from dalle_dist.backends.config import DistributedConfig
 from dalle_dist.config_base import add_flags, from_args
+from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.generate import GenerateConfig
 
 
@@ -17,6 +18,9 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text", required=True, help='prompt(s), e.g. "a small red circle on the '
                                                  'left|a large blue square at the top"')
     add_flags(p, GenerateConfig)
+    add_flags(p.add_argument_group(
+        "tokenizer (only for a checkpoint that carries none: otherwise they must name the "
+        "one it carries)"), TokenizerConfig)
     p.add_argument("--outputs_dir", default="outputs", help="default %(default)s")
     add_flags(p, DistributedConfig, only=["device"])
     p.set_defaults(run=run_generate)
@@ -30,7 +34,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
     config = from_args(GenerateConfig, args)
     device = SingleBackend.on(torch.device(args.device) if args.device else None).device
-    grids = generate(args.dalle_path, split_prompts(args.text), args.outputs_dir, config, device)
+    grids = generate(args.dalle_path, split_prompts(args.text), args.outputs_dir, config, device,
+                     tokenizer=from_args(TokenizerConfig, args))
     for grid in grids:
         print(f"grid: {grid}")
     return 0

@@ -45,7 +45,7 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
                        help="tokenizer vocabulary, padding id included (default %(default)s: "
                             "the byte tokenizer)")
     add_flags(model, TokenizerConfig,
-              help={"bpe_path": "HuggingFace tokenizers JSON: its vocabulary replaces "
+              help={"bpe_path": "tokenizer file (as `train`): its vocabulary replaces "
                                 "--num_text_tokens"})
     add_flags(model, ComputeConfig, exclude=["no_tf32"])  # TF32 changes no memory
     add_flags(p.add_argument_group("VAE and data (as `train-vae`)"), VAEConfig, only=_VAE_SHAPE)
@@ -89,10 +89,11 @@ def _configs(args: argparse.Namespace) -> tuple[DALLEConfig, VAEConfig]:
     from dalle_dist.model import PatternOptions, build_pattern
 
     vocab = args.num_text_tokens
-    if args.bpe_path:
+    tokenizer = from_args(TokenizerConfig, args)
+    if tokenizer.given:
         from dalle_dist.data.tokenizer import load_tokenizer
 
-        vocab = load_tokenizer(args.bpe_path).vocab_size
+        vocab = load_tokenizer(tokenizer).vocab_size
     if vocab <= 1:
         raise ConfigError(f"--num_text_tokens must be at least 2, got {vocab}")
     vae = from_args(VAEConfig, args)

@@ -28,6 +28,7 @@ from dalle_dist.train.config import (
     ResumeConfig,
     TrackerConfig,
     TrainConfig,
+    VAESamples,
     VAESchedule,
 )
 
@@ -101,6 +102,7 @@ def add_train_vae(sub: argparse._SubParsersAction) -> None:
     add_flags(p.add_argument_group("VAE"), VAEConfig)
     add_flags(p.add_argument_group("temperature and learning-rate schedule"), VAESchedule)
     _add_train_args(p, VAE_TRAIN_DEFAULTS)
+    add_flags(p.add_argument_group("samples"), VAESamples)
     p.add_argument("--vae_output_file_name", default="vae",
                    help="checkpoint to write; .pt is added when missing (default %(default)s)")
     p.set_defaults(run=run_train_vae)
@@ -119,7 +121,7 @@ def run_train_vae(args: argparse.Namespace) -> int:
     return run_on_backend(args, lambda backend: train_vae(
         vae_cfg, from_args(VAESchedule, args), train_cfg, data_cfg,
         args.vae_output_file_name, backend, resume=resume, tf32=not args.no_tf32,
-        trackers=trackers))
+        trackers=trackers, samples=from_args(VAESamples, args)))
 
 
 # -- train ---------------------------------------------------------------------------
@@ -169,7 +171,7 @@ def run_train(args: argparse.Namespace) -> int:
     trackers.validate()
     return run_on_backend(args, lambda backend: train_dalle(
         model_args, train_cfg, data_cfg, args.dalle_output_file_name, backend,
-        vae_path=args.vae_path, resume=resume, bpe_path=from_args(TokenizerConfig, args).bpe_path,
+        vae_path=args.vae_path, resume=resume, tokenizer_cfg=from_args(TokenizerConfig, args),
         attn_impl=args.attn_impl, text_seq_len=text_seq_len, lr_decay=args.lr_decay,
         fidelity_images=args.fidelity_images, builtin_vae_epochs=args.builtin_vae_epochs,
         tf32=not args.no_tf32, trackers=trackers,

@@ -34,15 +34,18 @@ __all__ = [
 
 def build_dataset(config: DataConfig, image_size: int, require_captions: bool,
                   flag: str = "--image_text_folder") -> Dataset:
-    """The shapes dataset or a scanned folder; every item is (image [3, S, S], caption)."""
+    """The shapes dataset or a scanned folder; every item is (image [C, S, S], caption),
+    C = config.channels."""
     if config.builtin:
         if config.shapes_count <= 0:
             raise ConfigError(f"--shapes_count must be positive, got {config.shapes_count}")
         if config.shapes_seed < 0:
             raise ConfigError(f"--shapes_seed must be >= 0, got {config.shapes_seed}")
-        return ShapesDataset(config.shapes_count, image_size, config.shapes_seed)
+        return ShapesDataset(config.shapes_count, image_size, config.shapes_seed,
+                             config.channels)
     return TextImageFolder(config.image_text_folder, image_size, config.resize_ratio,
-                           require_captions=require_captions, flag=flag)
+                           require_captions=require_captions, flag=flag,
+                           channels=config.channels)
 
 
 def describe_dataset(dataset: Dataset) -> str:
@@ -82,7 +85,8 @@ def make_loader(config: DataConfig, image_size: int, batch_size: int, rank: int,
             raise DataError("--wds needs WebDataset shards", f"pass them with {flag}")
         loader = WebDatasetLoader(config.image_text_folder, config.wds, image_size,
                                   config.resize_ratio, batch_size, rank, world_size, seed,
-                                  num_workers, collate, require_captions, pin_memory)
+                                  num_workers, collate, require_captions, pin_memory,
+                                  config.channels)
         return loader, loader.describe()
     dataset = build_dataset(config, image_size, require_captions, flag)
     return (EpochLoader(dataset, batch_size, rank, world_size, seed, num_workers, collate,

@@ -18,6 +18,8 @@ class DataConfig(DictConfig):
         "caption member extensions, e.g. jpg,txt", metavar="IMG,CAP",
         default_text="default: a plain folder")
     image_size: int = 32  # the VAE's (train-vae's --image_size, or the VAE DALL-E trains on)
+    #: the VAE's too: 4 (--transparent) loads RGBA, alpha kept, opaque images get alpha 1
+    channels: int = 3
     truncate_captions: bool = option(
         False, "cut captions longer than --text_seq_len instead of stopping")
     resize_ratio: float = option(
@@ -39,7 +41,29 @@ class DataConfig(DictConfig):
 @dataclass(frozen=True)
 class TokenizerConfig(DictConfig):
     """Which tokenizer turns captions into ids. Apart from DataConfig, whose dict keys the
-    built-in VAE's cache key and every checkpoint's data record are made of."""
+    built-in VAE's cache key and every checkpoint's data record are made of.
 
-    bpe_path: str | None = option(None, "HuggingFace tokenizers JSON",
-                                  default_text="default: byte-level")
+    The flags keep DALLE-pytorch's meanings: --bpe_path alone is a YouTokenToMe model,
+    with --hug a HuggingFace tokenizers JSON; --chinese needs no file (see CJKTokenizer).
+    """
+
+    bpe_path: str | None = option(
+        None, "tokenizer file: a YouTokenToMe BPE model (DALLE-pytorch's meaning), or with "
+        "--hug a HuggingFace tokenizers JSON", default_text="default: byte-level")
+    hug: bool = option(False, "--bpe_path is a HuggingFace tokenizers JSON")
+    chinese: bool = option(
+        False, "captions in Chinese: one token per CJK character, UTF-8 bytes for the rest, "
+        "offline (DALLE-pytorch downloads bert-base-chinese instead; to use its vocabulary "
+        "pass --hug --bpe_path with its tokenizer.json)")
+
+    @property
+    def given(self) -> bool:
+        """Whether any tokenizer flag was set (default: byte-level)."""
+        return bool(self.bpe_path or self.hug or self.chinese)
+
+    def describe(self) -> str:
+        """The flags as typed, for messages."""
+        parts = [f"--bpe_path {self.bpe_path}"] if self.bpe_path else []
+        parts += ["--hug"] if self.hug else []
+        parts += ["--chinese"] if self.chinese else []
+        return " ".join(parts) or "the default byte-level tokenizer"

@@ -13,7 +13,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
-from dalle_dist.data.images import pil_to_tensor, random_resized_crop, to_rgb
+from dalle_dist.data.images import pil_to_tensor, random_resized_crop, to_mode
 from dalle_dist.errors import DataError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
@@ -60,13 +60,15 @@ def _caption_lines(path: Path) -> list[str]:
 
 
 class TextImageFolder(Dataset):
-    """Item i is (image [3, S, S] in [0, 1], caption), a random caption line each time.
+    """Item i is (image [C, S, S] in [0, 1], caption), a random caption line each time;
+    C is 3 (RGB) or 4 (RGBA, --transparent: alpha kept, opaque images get alpha 1).
 
     With require_captions=False (VAE training) every readable image counts, captioned or not.
     """
 
     def __init__(self, root: str | Path, image_size: int, resize_ratio: float = 0.75,
-                 require_captions: bool = True, flag: str = "--image_text_folder") -> None:
+                 require_captions: bool = True, flag: str = "--image_text_folder",
+                 channels: int = 3) -> None:
         root = Path(root)
         if not root.exists():
             raise DataError(f"{flag} {root} does not exist", "check the path")
@@ -75,7 +77,7 @@ class TextImageFolder(Dataset):
         if not 0.0 < resize_ratio <= 1.0:
             raise DataError("--random_resize_crop_lower_ratio must be in (0, 1], "
                             f"got {resize_ratio}")
-        self.image_size, self.resize_ratio = image_size, resize_ratio
+        self.image_size, self.resize_ratio, self.channels = image_size, resize_ratio, channels
         self.report = ScanReport()
         self.images: list[Path] = []
         self.captions: list[list[str]] = []
@@ -116,7 +118,8 @@ class TextImageFolder(Dataset):
             path = self.images[(index + attempt) % len(self)]
             try:
                 with Image.open(path) as img:
-                    image = random_resized_crop(to_rgb(img), self.image_size, self.resize_ratio)
+                    image = random_resized_crop(to_mode(img, self.channels), self.image_size,
+                                                self.resize_ratio)
                 break
             except OSError:
                 continue
@@ -125,4 +128,4 @@ class TextImageFolder(Dataset):
         index = (index + attempt) % len(self)
         lines = self.captions[index]
         caption = lines[int(torch.randint(len(lines), ()))] if lines else ""
-        return pil_to_tensor(image), caption
+        return pil_to_tensor(image, self.channels), caption

@@ -102,10 +102,13 @@ def sample_spec(seed: int, index: int) -> ShapeSpec:
 
 
 class ShapesDataset(Dataset):
-    """`count` scenes drawn from `seed`; item i is (image [3, S, S] in [0, 1], caption)."""
+    """`count` scenes drawn from `seed`; item i is (image [C, S, S] in [0, 1], caption),
+    C = 3, or 4 with an opaque alpha channel for a --transparent VAE."""
 
-    def __init__(self, count: int = 10_000, image_size: int = 32, seed: int = 0) -> None:
+    def __init__(self, count: int = 10_000, image_size: int = 32, seed: int = 0,
+                 channels: int = 3) -> None:
         self.count, self.image_size, self.seed = count, image_size, seed
+        self.channels = channels
 
     def __len__(self) -> int:
         return self.count
@@ -117,7 +120,7 @@ class ShapesDataset(Dataset):
         if not 0 <= index < self.count:
             raise IndexError(f"index {index} out of range for {self.count} images")
         spec = self.spec(index)
-        return pil_to_tensor(render(spec, self.image_size)), spec.caption
+        return pil_to_tensor(render(spec, self.image_size), self.channels), spec.caption
 
     def captions(self) -> list[str]:
         """Every caption the generator can write (the longest bounds --text_seq_len)."""

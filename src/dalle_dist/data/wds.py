@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from dalle_dist.data.images import pil_to_tensor, random_resized_crop, to_rgb
+from dalle_dist.data.images import pil_to_tensor, random_resized_crop, to_mode
 from dalle_dist.data.loader import PREFETCH_FACTOR
 from dalle_dist.errors import DataError
 
@@ -89,17 +89,17 @@ def index_shard(path: Path, image_key: str, caption_key: str | None) -> ShardInd
     return ShardIndex(path, samples, captions)
 
 
-def _to_sample(image_key: str, caption_key: str | None, image_size: int, resize_ratio: float
-               ) -> Callable[[dict[str, Any]], tuple[torch.Tensor, str]]:
+def _to_sample(image_key: str, caption_key: str | None, image_size: int, resize_ratio: float,
+               channels: int = 3) -> Callable[[dict[str, Any]], tuple[torch.Tensor, str]]:
     def convert(sample: dict[str, Any]) -> tuple[torch.Tensor, str]:
         with Image.open(io.BytesIO(sample[image_key])) as img:
-            image = random_resized_crop(to_rgb(img), image_size, resize_ratio)
+            image = random_resized_crop(to_mode(img, channels), image_size, resize_ratio)
         caption = ""
         if caption_key:
             lines = [line.strip() for line in sample[caption_key].decode("utf-8", "replace")
                      .splitlines() if line.strip()]
             caption = lines[int(torch.randint(len(lines), ()))] if lines else ""
-        return pil_to_tensor(image), caption
+        return pil_to_tensor(image, channels), caption
     return convert
 
 
@@ -109,7 +109,8 @@ class WebDatasetLoader:
     def __init__(self, spec: str, keys: str, image_size: int, resize_ratio: float,
                  batch_size: int, rank: int, world_size: int, seed: int, num_workers: int,
                  collate: Callable[[Any], Any], require_caption: bool,
-                 pin_memory: bool = False) -> None:
+                 pin_memory: bool = False, channels: int = 3) -> None:
+        """channels: 3 loads RGB, 4 RGBA (--transparent; opaque images get alpha 1)."""
         self.image_key, self.caption_key = parse_keys(keys, require_caption)
         shards = shard_paths(spec)
         if len(shards) < world_size:
@@ -125,7 +126,8 @@ class WebDatasetLoader:
         self.shards = [str(s.path) for s in self.index[rank::world_size]]
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
         self.collate, self.pin_memory = collate, pin_memory
-        self.convert = _to_sample(self.image_key, self.caption_key, image_size, resize_ratio)
+        self.convert = _to_sample(self.image_key, self.caption_key, image_size, resize_ratio,
+                                  channels)
 
     @staticmethod
     def _batches(shards: list[ShardIndex], batch_size: int, num_workers: int) -> int:

@@ -22,7 +22,10 @@ class VAEConfig(DictConfig):
     num_layers: int = option(2, "downsampling layers: tokens = (image_size / 2^num_layers)^2")
     num_resnet_blocks: int = option(1, "")
     hidden_dim: int = option(64, "")
-    channels: int = 3
+    channels: int = option(
+        3, "image channels: 3 (RGB) or 4 (RGBA: alpha goes through the VAE, and through a "
+        "DALL-E trained on it, and is kept in the PNGs written)", choices=(3, 4),
+        shortcuts=(("--transparent", 4),))
     smooth_l1_loss: bool = option(False, "reconstruction loss smooth L1 instead of MSE")
     kl_loss_weight: float = option(0.0, "")
     straight_through: bool = option(
@@ -39,6 +42,9 @@ class VAEConfig(DictConfig):
                 raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
         if self.num_resnet_blocks < 0:
             raise ConfigError("--num_resnet_blocks must be >= 0")
+        if self.channels not in (3, 4):
+            raise ConfigError(f"--channels must be 3 (RGB) or 4 (RGBA, --transparent), got "
+                              f"{self.channels}")
         if self.kl_loss_weight < 0:
             raise ConfigError("--kl_loss_weight must be >= 0")
         factor = 2**self.num_layers

@@ -187,6 +187,48 @@ class DALLE(nn.Module):
             self.train(was_training)
 
     @torch.no_grad()
+    def complete_text(self, prompt: Tensor, filter_thres: float = 0.5, temperature: float = 1.0,
+                      generator: torch.Generator | None = None) -> Tensor:
+        """Continue [b, k] caption ids (no padding, k <= text_seq_len) to text_seq_len ids by
+        sampling the model's own text predictions one position at a time, as
+        DALLE-pytorch's generate_texts does (--gentxt).
+
+        Returns [b, text_seq_len] ids of the model's text vocabulary, where a sampled
+        padding slot is num_text_tokens + i; `caption_ids` turns them into a caption.
+        Every step runs the whole text (text_len positions, so every attention path sees
+        the shape it trains on): positions not yet sampled hold their padding slot, and
+        causal text attention keeps them from the position read.
+        """
+        c = self.config
+        b, k = prompt.shape
+        if k > c.text_seq_len:
+            raise ValueError(f"prompt has {k} tokens, the model takes {c.text_seq_len}")
+        was_training = self.training
+        self.eval()
+        try:
+            seq = self._text_input(torch.zeros(b, c.text_seq_len, dtype=torch.long,
+                                               device=prompt.device))
+            seq[:, 1:k + 1] = prompt
+            for pos in range(k, c.text_seq_len):
+                h = self.transformer(self._embed_text(seq), self.layout)
+                seq[:, pos + 1] = sample_tokens(self._text_logits(h[:, pos]), filter_thres,
+                                                temperature, generator)
+            return seq[:, 1:]
+        finally:
+            self.train(was_training)
+
+    def caption_ids(self, ids: Tensor) -> Tensor:
+        """Model text ids [b, text_seq_len] -> caption ids with 0 for padding: <bos> and
+        the padding slots (wherever they were sampled) are dropped and the rest moves left,
+        so the caption decoded from them, once tokenized, gives these ids again."""
+        keep = (ids > 0) & (ids < self.config.num_text_tokens)
+        out = torch.zeros_like(ids)
+        for row in range(ids.shape[0]):
+            kept = ids[row][keep[row]]
+            out[row, : kept.numel()] = kept
+        return out
+
+    @torch.no_grad()
     def generate_images(
         self,
         text: Tensor,
@@ -196,7 +238,8 @@ class DALLE(nn.Module):
         generator: torch.Generator | None = None,
         decoder: StaticDecoder | None = None,
     ) -> Tensor:
-        """Captions -> [b, 3, H, W] images in [0, 1], decoded by the model's own VAE."""
+        """Captions -> [b, C, H, W] images in [0, 1], decoded by the model's own VAE (C: its
+        channels, 4 for a --transparent one)."""
         tokens = self.sample_image_tokens(text, filter_thres, temperature, generator,
                                           decoder=decoder)
         return vae.decode(tokens)

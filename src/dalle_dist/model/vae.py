@@ -66,12 +66,13 @@ class DiscreteVAE(nn.Module):
 
     @torch.no_grad()
     def get_codebook_indices(self, images: Tensor) -> Tensor:
-        """[b, 3, H, W] in [0, 1] -> [b, fmap*fmap] token ids, row-major."""
+        """[b, channels, H, W] in [0, 1] -> [b, fmap*fmap] token ids, row-major (channels:
+        3 RGB, 4 RGBA with --transparent)."""
         logits = self.encoder(self._normalize(images))
         return logits.argmax(dim=1).flatten(1)
 
     def decode(self, indices: Tensor) -> Tensor:
-        """[b, fmap*fmap] token ids -> [b, 3, H, W] in [0, 1]."""
+        """[b, fmap*fmap] token ids -> [b, channels, H, W] in [0, 1]."""
         side = self.config.fmap_size
         codes = self.codebook(indices).view(indices.shape[0], side, side, -1)
         return self._denormalize(self.decoder(codes.permute(0, 3, 1, 2)))

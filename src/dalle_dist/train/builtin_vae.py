@@ -57,9 +57,12 @@ def builtin_vae(data: DataConfig, cache_dir: Path | None = None,
     # How many processes draw the shapes changes no image (each is a function of seed and
     # index), so the key holds 0, the count every key was made with before --num_workers
     # had a per-device default: cached VAEs stay found.
-    key_data = replace(data, num_workers=0)
+    key_data = replace(data, num_workers=0).to_dict()
+    # The built-in VAE is RGB: channels (added for --transparent) stays out of the key, so
+    # VAEs cached before it existed stay found.
+    del key_data["channels"]
     key_source = json.dumps([vae_cfg.to_dict(), schedule.to_dict(), train.to_dict(),
-                             key_data.to_dict()], sort_keys=True)
+                             key_data], sort_keys=True)
     key = hashlib.sha256(key_source.encode()).hexdigest()[:12]
     path = (cache_dir or default_cache_dir()) / "vae" / f"shapes-{data.image_size}px-{key}.pt"
     return BuiltinVAE(vae_cfg, schedule, train, data, path)

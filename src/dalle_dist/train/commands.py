@@ -37,6 +37,7 @@ from dalle_dist.data import (
     check_captions,
     make_loader,
 )
+from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.data.images import make_grid, save_png
 from dalle_dist.data.loader import check_num_workers, default_num_workers
 from dalle_dist.data.tokenizer import load_tokenizer
@@ -49,6 +50,7 @@ from dalle_dist.train.config import (
     RunPaths,
     TrackerConfig,
     TrainConfig,
+    VAESamples,
     VAESchedule,
 )
 from dalle_dist.train.dalle_task import DALLETask
@@ -300,12 +302,15 @@ def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
               data_cfg: DataConfig, output: str, backend: DistributedBackend,
               log: RunLog | None = None, paths: RunPaths | None = None,
               resume: ResumeConfig | None = None, tf32: bool = True,
-              trackers: TrackerConfig | None = None) -> Path:
+              trackers: TrackerConfig | None = None, samples: VAESamples | None = None
+              ) -> Path:
     """Train a discrete VAE; returns the checkpoint path. tf32: fp32 matmuls and
-    convolutions in TF32 on CUDA (set_tf32); trackers: W&B / TensorBoard (off: None)."""
+    convolutions in TF32 on CUDA (set_tf32); trackers: W&B / TensorBoard (off: None);
+    samples: what the sample grids show."""
     resume = resume or ResumeConfig()
     trackers = trackers or TrackerConfig()
-    for cfg in (vae_cfg, schedule, train_cfg, resume, trackers):
+    samples = samples or VAESamples()
+    for cfg in (vae_cfg, schedule, train_cfg, resume, trackers, samples):
         cfg.validate()
     paths = paths or RunPaths.for_output(output)
     log = log or RunLog(paths.metrics, backend.is_root, loss_plot=paths.loss_plot)
@@ -313,10 +318,11 @@ def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
                          tf32, trackers)
     if run.payload is not None:
         vae_cfg = VAEConfig.from_dict(run.payload["configs"]["model"])
+    data_cfg = replace(data_cfg, channels=vae_cfg.channels)
     loader = run.loader(lambda workers: rank_loader(
         data_cfg, vae_cfg.image_size, train_cfg, backend, CaptionCollate(None, 0, False),
         False, log, flag="--image_folder", workers=workers), data_cfg, "--image_folder")
-    task = VAETask(vae_cfg, schedule, train_cfg, data_cfg.to_dict())
+    task = VAETask(vae_cfg, schedule, train_cfg, data_cfg.to_dict(), samples)
     run.train(task, loader, f"training a VAE: {vae_cfg.image_size}px -> {vae_cfg.fmap_size}x"
               f"{vae_cfg.fmap_size} tokens of {vae_cfg.num_tokens}")
     log.info(f"saved VAE to {paths.checkpoint}")
@@ -359,18 +365,20 @@ def builtin_vae_payload(data_cfg: DataConfig, backend: DistributedBackend, log: 
 
 def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: DataConfig,
                 output: str, backend: DistributedBackend, *, vae_path: str | None = None,
-                resume: ResumeConfig | None = None, bpe_path: str | None = None,
+                resume: ResumeConfig | None = None, tokenizer_cfg: TokenizerConfig | None = None,
                 text_seq_len: int = 48, lr_decay: bool = False, fidelity_images: int = 64,
                 attn_impl: str = "auto", cache_dir: Path | None = None,
                 builtin_vae_epochs: int = BUILTIN_VAE_TRAIN.epochs, tf32: bool = True,
                 trackers: TrackerConfig | None = None, flops_profiler: bool = False
                 ) -> float | None:
     """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere).
-    tf32: fp32 matmuls and convolutions in TF32 on CUDA (set_tf32); trackers: W&B /
-    TensorBoard (off: None); flops_profiler: count and time one forward and backward,
-    print the table (train/flops.py) and return None without training or saving."""
+    tokenizer_cfg: --bpe_path / --hug / --chinese (a resumed checkpoint's own tokenizer
+    must agree with them); tf32: fp32 matmuls and convolutions in TF32 on CUDA (set_tf32);
+    trackers: W&B / TensorBoard (off: None); flops_profiler: count and time one forward and
+    backward, print the table (train/flops.py) and return None without training or saving."""
     resume = resume or ResumeConfig()
     trackers = trackers or TrackerConfig()
+    tokenizer_cfg = tokenizer_cfg or TokenizerConfig()
     train_cfg.validate()
     resume.validate()
     trackers.validate()
@@ -387,12 +395,16 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     for name in model_args.get("attn_types", ()):
         build_pattern(name, options)
     check_attn_impl(attn_impl, backend.device, model_args.get("attn_dropout", 0.0))
+    # Before anything is trained or written: a bad tokenizer file must not wait for the
+    # built-in VAE's training.
+    requested = backend.everywhere("the tokenizer load", lambda: load_tokenizer(tokenizer_cfg))
     paths = RunPaths.for_output(output)
     log = RunLog(paths.metrics, backend.is_root, loss_plot=paths.loss_plot)
     run = RunSetup.begin("dalle", "--dalle_output_file_name", backend, train_cfg, resume,
                          paths, log, tf32, trackers)
     if run.payload is not None:
-        model_cfg, vae, tokenizer = dalle_parts(run.payload)
+        model_cfg, vae, tokenizer = backend.everywhere("the checkpoint's tokenizer", lambda: (
+            dalle_parts(run.payload, tokenizer_cfg, str(run.payload["loaded_from"]))))
         if vae_path:
             log.info("the checkpoint carries its VAE: --vae_path is not used")
     else:
@@ -405,13 +417,13 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
         else:
             raise ConfigError("--vae_path is required with --image_text_folder",
                               "train one first with dalle-dist train-vae --image_folder ...")
-        tokenizer = backend.everywhere("the tokenizer load", lambda: load_tokenizer(bpe_path))
+        tokenizer = requested
         model_cfg = DALLEConfig(num_text_tokens=tokenizer.vocab_size, text_seq_len=text_seq_len,
                                 num_image_tokens=vae.config.num_tokens,
                                 image_fmap_size=vae.config.fmap_size, **model_args)
     model_cfg.validate()
 
-    data_cfg = replace(data_cfg, image_size=vae.config.image_size)
+    data_cfg = replace(data_cfg, image_size=vae.config.image_size, channels=vae.config.channels)
     collate = CaptionCollate(tokenizer, model_cfg.text_seq_len, data_cfg.truncate_captions)
     loader = run.loader(lambda workers: checked_loader(
         data_cfg, train_cfg, backend, collate, tokenizer, model_cfg.text_seq_len, log,

@@ -107,6 +107,21 @@ class VAESchedule(DictConfig):
 
 
 @dataclass(frozen=True)
+class VAESamples:
+    """What train-vae's sample grids show (not stored: it changes no training)."""
+
+    num_images_save: int = option(
+        8, "images in each sample grid: a row of originals, one of soft and one of hard "
+        "(codebook) reconstructions (DALLE-pytorch's default is 4)")
+
+    def validate(self) -> None:
+        if self.num_images_save < 1:
+            raise ConfigError(f"--num_images_save must be at least 1, got "
+                              f"{self.num_images_save}", "the sample grids show that many "
+                              "images; --sample_every_n_steps 0 turns the grids off")
+
+
+@dataclass(frozen=True)
 class RunPaths:
     """Where a run writes: the checkpoint, its metrics and its sample grids, side by side."""
 

@@ -40,4 +40,5 @@ def evaluate_fidelity(model: DALLE, vae: DiscreteVAE, tokenizer: Tokenizer, coun
         model.generate_images(text[i:i + batch_size], vae, filter_thres, temperature, generator)
         for i in range(0, count, batch_size)
     ]).cpu()
-    return FidelityResult(fidelity(images, captions), images, captions)
+    # The scorer reads colour: a --transparent VAE's alpha is not part of it.
+    return FidelityResult(fidelity(images[:, :3], captions), images, captions)

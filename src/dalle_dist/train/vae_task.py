@@ -11,19 +11,18 @@ from torch import nn
 from dalle_dist.backends import Engine
 from dalle_dist.data.images import make_grid
 from dalle_dist.model import DiscreteVAE, VAEConfig
-from dalle_dist.train.config import TrainConfig, VAESchedule
+from dalle_dist.train.config import TrainConfig, VAESamples, VAESchedule
 from dalle_dist.train.task import Batch, Task
-
-#: Images shown per row of a sample grid.
-SAMPLE_IMAGES = 8
 
 
 class VAETask(Task):
     kind = "vae"
 
     def __init__(self, config: VAEConfig, schedule: VAESchedule, train: TrainConfig,
-                 data: dict[str, Any]) -> None:
+                 data: dict[str, Any], samples: VAESamples | None = None) -> None:
+        """samples: --num_images_save, the images each sample grid shows."""
         self.config, self.schedule, self.train, self.data = config, schedule, train, data
+        self.samples = samples or VAESamples()
         self.learning_rate = train.learning_rate
         self.model = self.build_model()
         self.temperature = schedule.starting_temp
@@ -49,8 +48,9 @@ class VAETask(Task):
 
     @torch.no_grad()
     def sample_grid(self, model: nn.Module, batch: Batch, device: torch.device) -> Image.Image:
-        """Rows: originals, soft reconstructions, hard (argmax-code) reconstructions."""
-        images = batch[0][:SAMPLE_IMAGES].to(device)
+        """Rows: originals, soft reconstructions, hard (argmax-code) reconstructions, of the
+        batch's first --num_images_save images (all of a smaller batch)."""
+        images = batch[0][:self.samples.num_images_save].to(device)
         was_training = model.training
         model.eval()
         soft = model(images, self.temperature)["recons"]
