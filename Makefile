@@ -21,9 +21,6 @@ $(BASE): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
-	# the yttm extra: youtokentome's build imports Cython (and setuptools) without declaring them
-	$(BIN)/pip install --quiet Cython setuptools wheel
-	$(BIN)/pip install --quiet --no-build-isolation 'youtokentome>=1.0.6'
 	touch $(BASE)
 
 $(DEEPSPEED): $(BASE)
@@ -33,6 +30,9 @@ $(DEEPSPEED): $(BASE)
 $(ENGINES): $(BASE) scripts/build_horovod.sh
 	scripts/build_horovod.sh $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev,deepspeed,horovod,webdataset,tensorboard,wandb]'
+	# the yttm extra: youtokentome's build imports Cython (and setuptools) without declaring them
+	$(BIN)/pip install --quiet Cython setuptools wheel
+	$(BIN)/pip install --quiet --no-build-isolation 'youtokentome>=1.0.6'
 	touch $(ENGINES)
 
 # Trains a VAE (or reuses the cached one) and DALL-E on the built-in shapes, then prints
