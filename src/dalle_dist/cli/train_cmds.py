@@ -27,6 +27,7 @@ from dalle_dist.train.config import (
     ResumeConfig,
     TrainConfig,
     VAESchedule,
+    ValidationConfig,
 )
 
 
@@ -128,6 +129,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dalle_path", help="DALL-E checkpoint to resume from")
     add_flags(p, TokenizerConfig)
     add_flags(p, DataConfig, only=["truncate_captions"])
+    add_flags(p.add_argument_group("validation"), ValidationConfig)
     p.add_argument("--dalle_output_file_name", default="dalle",
                    help="checkpoint to write; .pt is added when missing (default %(default)s)")
     p.add_argument("--fidelity_images", type=int, default=64,
@@ -158,9 +160,11 @@ def run_train(args: argparse.Namespace) -> int:
                             "--dalle_path")
     train_cfg = from_args(TrainConfig, args)
     data_cfg = from_args(DataConfig, args, image_size=args.image_size)
+    validation = from_args(ValidationConfig, args)
+    validation.validate()  # before any process group or file: one line, exit 2
     return run_on_backend(args, lambda backend: train_dalle(
         model_args, train_cfg, data_cfg, args.dalle_output_file_name, backend,
         vae_path=args.vae_path, resume=resume, bpe_path=from_args(TokenizerConfig, args).bpe_path,
         attn_impl=args.attn_impl, text_seq_len=text_seq_len, lr_decay=args.lr_decay,
         fidelity_images=args.fidelity_images, builtin_vae_epochs=args.builtin_vae_epochs,
-        tf32=not args.no_tf32))
+        tf32=not args.no_tf32, validation=validation))

@@ -6,6 +6,7 @@ training, and the log can say exactly how many files were skipped and why.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
-from dalle_dist.data.images import pil_to_tensor, random_resized_crop, to_rgb
+from dalle_dist.data.images import center_crop, pil_to_tensor, random_resized_crop, to_rgb
 from dalle_dist.errors import DataError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
@@ -63,7 +64,11 @@ class TextImageFolder(Dataset):
     """Item i is (image [3, S, S] in [0, 1], caption), a random caption line each time.
 
     With require_captions=False (VAE training) every readable image counts, captioned or not.
+    A held-out part (`subset(..., evaluation=True)`) is read the same way every time: the
+    largest centred square and the first caption line, so its loss is a fixed number.
     """
+
+    evaluation = False
 
     def __init__(self, root: str | Path, image_size: int, resize_ratio: float = 0.75,
                  require_captions: bool = True, flag: str = "--image_text_folder") -> None:
@@ -75,7 +80,7 @@ class TextImageFolder(Dataset):
         if not 0.0 < resize_ratio <= 1.0:
             raise DataError("--random_resize_crop_lower_ratio must be in (0, 1], "
                             f"got {resize_ratio}")
-        self.image_size, self.resize_ratio = image_size, resize_ratio
+        self.root, self.image_size, self.resize_ratio = root, image_size, resize_ratio
         self.report = ScanReport()
         self.images: list[Path] = []
         self.captions: list[list[str]] = []
@@ -108,6 +113,19 @@ class TextImageFolder(Dataset):
     def all_captions(self) -> list[str]:
         return [line for lines in self.captions for line in lines]
 
+    def keys(self) -> list[str]:
+        """Each image's name for the held-out split: its path below the folder, without
+        the extension (the same on every machine the folder is copied to)."""
+        return [path.relative_to(self.root).with_suffix("").as_posix() for path in self.images]
+
+    def subset(self, indices: list[int], evaluation: bool = False) -> TextImageFolder:
+        """The images at `indices`; evaluation: read without random crops or captions."""
+        part = copy.copy(self)
+        part.images = [self.images[i] for i in indices]
+        part.captions = [self.captions[i] for i in indices]
+        part.evaluation = evaluation
+        return part
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, str]:
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} images")
@@ -116,7 +134,8 @@ class TextImageFolder(Dataset):
             path = self.images[(index + attempt) % len(self)]
             try:
                 with Image.open(path) as img:
-                    image = random_resized_crop(to_rgb(img), self.image_size, self.resize_ratio)
+                    image = (center_crop(to_rgb(img), self.image_size) if self.evaluation else
+                             random_resized_crop(to_rgb(img), self.image_size, self.resize_ratio))
                 break
             except OSError:
                 continue
@@ -124,5 +143,8 @@ class TextImageFolder(Dataset):
             raise DataError("no image in the folder could be decoded", "check the image files")
         index = (index + attempt) % len(self)
         lines = self.captions[index]
-        caption = lines[int(torch.randint(len(lines), ()))] if lines else ""
+        if not lines:
+            caption = ""
+        else:
+            caption = lines[0] if self.evaluation else lines[int(torch.randint(len(lines), ()))]
         return pil_to_tensor(image), caption

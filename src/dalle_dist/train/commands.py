@@ -43,7 +43,13 @@ from dalle_dist.errors import ConfigError, DataError
 from dalle_dist.model import DALLEConfig, PatternOptions, VAEConfig, build_pattern
 from dalle_dist.model.attention_paths import flex_dropout_error
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
-from dalle_dist.train.config import ResumeConfig, RunPaths, TrainConfig, VAESchedule
+from dalle_dist.train.config import (
+    ResumeConfig,
+    RunPaths,
+    TrainConfig,
+    VAESchedule,
+    ValidationConfig,
+)
 from dalle_dist.train.dalle_task import DALLETask
 from dalle_dist.train.evaluate import evaluate_fidelity
 from dalle_dist.train.loop import inference_model, train
@@ -89,14 +95,16 @@ def loader_workers(data_cfg: DataConfig, backend: DistributedBackend) -> int:
 
 def rank_loader(data_cfg: DataConfig, image_size: int, train_cfg: TrainConfig,
                 backend: DistributedBackend, collate: CaptionCollate, require_captions: bool,
-                log: RunLog, flag: str = "--image_text_folder", workers: int = 0) -> Loader:
+                log: RunLog, flag: str = "--image_text_folder", workers: int = 0,
+                val_fraction: float = 0.0) -> Loader:
     """This rank's share of the data, in batches of its share of --batch_size, loaded by
-    `workers` processes; pinned on CUDA so the step's non_blocking copies overlap."""
+    `workers` processes; pinned on CUDA so the step's non_blocking copies overlap.
+    val_fraction: the part held out for validation (the loader's `held_out`)."""
     pin = backend.device.type == "cuda"
     loader, description = make_loader(
         data_cfg, image_size, backend.rank_batch_size(train_cfg.batch_size), backend.rank,
         backend.world_size, train_cfg.seed, collate, require_captions, flag,
-        num_workers=workers, pin_memory=pin)
+        num_workers=workers, pin_memory=pin, val_fraction=val_fraction)
     how = f"{workers} loader processes per rank" if workers else "loaded in the main process"
     log.info(f"{description} ({how}{', pinned' if pin else ''})")
     return loader
@@ -117,10 +125,11 @@ def check_same_steps(loader: Loader, backend: DistributedBackend,
 
 def checked_loader(data_cfg: DataConfig, train_cfg: TrainConfig,
                    backend: DistributedBackend, collate: CaptionCollate, tokenizer: Any,
-                   text_seq_len: int, log: RunLog, workers: int = 0) -> Loader:
+                   text_seq_len: int, log: RunLog, workers: int = 0,
+                   val_fraction: float = 0.0) -> Loader:
     """This rank's batches of image-caption pairs, captions checked against text_seq_len."""
     loader = rank_loader(data_cfg, data_cfg.image_size, train_cfg, backend, collate, True, log,
-                         workers=workers)
+                         workers=workers, val_fraction=val_fraction)
     check_captions(loader, tokenizer, text_seq_len, data_cfg.truncate_captions)
     return loader
 
@@ -170,6 +179,7 @@ class RunSetup:
     log: RunLog
     start: Start
     payload: dict[str, Any] | None  # the checkpoint continued from; None: a fresh run
+    val_every_n_steps: int = 0  # --val_every_n_steps, when the loader holds data out
 
     @classmethod
     def begin(cls, kind: str, output_flag: str, backend: DistributedBackend,
@@ -218,7 +228,8 @@ class RunSetup:
             every_n_steps=train_cfg.save_every_n_steps, keep_n=self.resume.keep_n_checkpoints,
             save_first=not self.start.own, epochs=train_cfg.epochs,
             after_first_save=None if replaces is None else lambda: replaces.discard(log))
-        train(task, engine, backend, loader, train_cfg, self.paths, log, state, checkpointer)
+        train(task, engine, backend, loader, train_cfg, self.paths, log, state, checkpointer,
+              self.val_every_n_steps)
         return engine
 
 
@@ -286,13 +297,16 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
                 resume: ResumeConfig | None = None, bpe_path: str | None = None,
                 text_seq_len: int = 48, lr_decay: bool = False, fidelity_images: int = 64,
                 attn_impl: str = "auto", cache_dir: Path | None = None,
-                builtin_vae_epochs: int = BUILTIN_VAE_TRAIN.epochs, tf32: bool = True
-                ) -> float | None:
+                builtin_vae_epochs: int = BUILTIN_VAE_TRAIN.epochs, tf32: bool = True,
+                validation: ValidationConfig | None = None) -> float | None:
     """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere).
-    tf32: fp32 matmuls and convolutions in TF32 on CUDA (set_tf32)."""
+    tf32: fp32 matmuls and convolutions in TF32 on CUDA (set_tf32); validation: the
+    held-out part (--val_fraction) and how often its loss is measured."""
     resume = resume or ResumeConfig()
+    validation = validation or ValidationConfig()
     train_cfg.validate()
     resume.validate()
+    validation.validate()
     if vae_path and resume.source and resume.source != "auto":
         raise ConfigError(f"--vae_path and {resume.flag} cannot be combined",
                           "a DALL-E checkpoint carries its VAE; drop --vae_path")
@@ -310,6 +324,7 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     log = RunLog(paths.metrics, backend.is_root)
     run = RunSetup.begin("dalle", "--dalle_output_file_name", backend, train_cfg, resume,
                          paths, log, tf32)
+    run.val_every_n_steps = validation.val_every_n_steps
     if run.payload is not None:
         model_cfg, vae, tokenizer = dalle_parts(run.payload)
         if vae_path:
@@ -334,7 +349,7 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     collate = CaptionCollate(tokenizer, model_cfg.text_seq_len, data_cfg.truncate_captions)
     loader = run.loader(lambda workers: checked_loader(
         data_cfg, train_cfg, backend, collate, tokenizer, model_cfg.text_seq_len, log,
-        workers), data_cfg, "--image_text_folder")
+        workers, validation.val_fraction), data_cfg, "--image_text_folder")
 
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), lr_decay,
                      backend.device, attn_impl, precision=backend.precision())
