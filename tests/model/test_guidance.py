@@ -94,8 +94,8 @@ def test_cond_scale_1_is_plain_sampling() -> None:
 def test_null_captions_rate_and_resume() -> None:
     """--null_cond_prob nulls whole captions (every token to padding id 0) at its rate,
     drawn from the global RNG: restoring a checkpoint's RNG state draws the same masks.
-    Bugs seen failing: masks drawn from a private unseeded generator (a resumed run nulls
-    other captions), the mask applied per token instead of per caption."""
+    Bug seen failing: masks drawn from a private generator seeded anew (a resumed run
+    nulls other captions)."""
     text = torch.randint(1, 50, (4000, 8))
     torch.manual_seed(3)
     state = capture_rng()

@@ -68,8 +68,9 @@ def test_validation_loss_is_the_same_on_two_fsdp_ranks(tmp_path: Path) -> None:
     held-out samples: 3 batches each after padding): both report that number.
     Bugs seen failing: the batch means averaged unweighted; validation left in train mode
     (dropout on); captions nulled by --null_cond_prob during validation; each rank
-    reporting its own share's mean (no all-reduce); a rank with fewer batches skipping
-    the padding forward (FSDP then waits in its gather until --collective_timeout)."""
+    reporting its own share's mean (no all-reduce). A rank skipping its padding forward
+    would leave FSDP waiting in its gather until the 120 s timeout (not broken on purpose
+    here: too slow for the suite)."""
     from dalle_dist.backends import SingleBackend
 
     single = measure(SingleBackend.on(torch.device("cpu")))
