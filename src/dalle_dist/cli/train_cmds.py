@@ -30,6 +30,7 @@ from dalle_dist.train.config import (
     TrainConfig,
     VAESamples,
     VAESchedule,
+    ValidationConfig,
 )
 
 
@@ -136,6 +137,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dalle_path", help="DALL-E checkpoint to resume from")
     add_flags(p, TokenizerConfig)
     add_flags(p, DataConfig, only=["truncate_captions"])
+    add_flags(p.add_argument_group("validation"), ValidationConfig)
     p.add_argument("--dalle_output_file_name", default="dalle",
                    help="checkpoint to write; .pt is added when missing (default %(default)s)")
     p.add_argument("--fidelity_images", type=int, default=64,
@@ -169,10 +171,12 @@ def run_train(args: argparse.Namespace) -> int:
     data_cfg = from_args(DataConfig, args, image_size=args.image_size)
     trackers = from_args(TrackerConfig, args)
     trackers.validate()
+    validation = from_args(ValidationConfig, args)
+    validation.validate()  # before any process group or file: one line, exit 2
     return run_on_backend(args, lambda backend: train_dalle(
         model_args, train_cfg, data_cfg, args.dalle_output_file_name, backend,
         vae_path=args.vae_path, resume=resume, tokenizer_cfg=from_args(TokenizerConfig, args),
         attn_impl=args.attn_impl, text_seq_len=text_seq_len, lr_decay=args.lr_decay,
         fidelity_images=args.fidelity_images, builtin_vae_epochs=args.builtin_vae_epochs,
         tf32=not args.no_tf32, trackers=trackers,
-        flops_profiler=from_args(ProfileConfig, args).flops_profiler))
+        flops_profiler=from_args(ProfileConfig, args).flops_profiler, validation=validation))

@@ -12,8 +12,10 @@ from torch.utils.data import Dataset
 
 from dalle_dist.data.config import DataConfig
 from dalle_dist.data.folder import TextImageFolder
+from dalle_dist.data.heldout import HeldOutLoader
 from dalle_dist.data.loader import EpochLoader
 from dalle_dist.data.shapes import ShapesDataset
+from dalle_dist.data.split import check_fraction, check_split, split_indices
 from dalle_dist.data.tokenizer import Tokenizer, check_caption_lengths, tokenize
 from dalle_dist.data.wds import WebDatasetLoader
 from dalle_dist.errors import ConfigError, DataError
@@ -22,6 +24,7 @@ __all__ = [
     "CaptionCollate",
     "DataConfig",
     "EpochLoader",
+    "HeldOutLoader",
     "ShapesDataset",
     "TextImageFolder",
     "WebDatasetLoader",
@@ -74,23 +77,39 @@ def check_captions(source: Dataset | EpochLoader | WebDatasetLoader, tokenizer: 
 def make_loader(config: DataConfig, image_size: int, batch_size: int, rank: int,
                 world_size: int, seed: int, collate: CaptionCollate, require_captions: bool,
                 flag: str = "--image_text_folder", *, num_workers: int = 0,
-                pin_memory: bool = False) -> tuple[EpochLoader | WebDatasetLoader, str]:
+                pin_memory: bool = False, val_fraction: float = 0.0
+                ) -> tuple[EpochLoader | WebDatasetLoader, str]:
     """This rank's batches and a log line describing the data behind them.
+
+    val_fraction: hold out this fraction of the samples, chosen by a hash of each one's
+    key (data/split.py); the loader trains on the rest and its `held_out` (a
+    HeldOutLoader, or the WebDataset loader's own) reads the held-out part. 0: none.
 
     num_workers: the loader processes the run decided on (config.num_workers is what the
     user asked for, None for the default: train.commands resolves it from the device and
     the CPUs); pin_memory: batches land in page-locked memory (worth it only on CUDA)."""
+    check_fraction(val_fraction)
     if config.wds:
         if config.builtin:
             raise DataError("--wds needs WebDataset shards", f"pass them with {flag}")
         loader = WebDatasetLoader(config.image_text_folder, config.wds, image_size,
                                   config.resize_ratio, batch_size, rank, world_size, seed,
                                   num_workers, collate, require_captions, pin_memory,
-                                  config.channels)
+                                  config.channels, val_fraction)
         return loader, loader.describe()
     dataset = build_dataset(config, image_size, require_captions, flag)
-    return (EpochLoader(dataset, batch_size, rank, world_size, seed, num_workers, collate,
-                        pin_memory), describe_dataset(dataset))
+    description, held_out = describe_dataset(dataset), None
+    if val_fraction > 0:
+        train, val = split_indices(dataset.keys(), val_fraction)
+        check_split(len(train), len(val), val_fraction, "samples")
+        held_out = HeldOutLoader(dataset.subset(val, evaluation=True), batch_size, rank,
+                                 world_size, num_workers, collate, pin_memory)
+        dataset = dataset.subset(train)
+        description += f"; {len(val)} held out for validation (--val_fraction {val_fraction})"
+    loader = EpochLoader(dataset, batch_size, rank, world_size, seed, num_workers, collate,
+                         pin_memory)
+    loader.held_out = held_out
+    return loader, description
 
 
 class CaptionCollate:

@@ -6,6 +6,7 @@ training, and the log can say exactly how many files were skipped and why.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
-from dalle_dist.data.images import pil_to_tensor, random_resized_crop, to_mode
+from dalle_dist.data.images import center_crop, pil_to_tensor, random_resized_crop, to_mode
 from dalle_dist.errors import DataError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
@@ -64,7 +65,11 @@ class TextImageFolder(Dataset):
     C is 3 (RGB) or 4 (RGBA, --transparent: alpha kept, opaque images get alpha 1).
 
     With require_captions=False (VAE training) every readable image counts, captioned or not.
+    A held-out part (`subset(..., evaluation=True)`) is read the same way every time: the
+    largest centred square and the first caption line, so its loss is a fixed number.
     """
+
+    evaluation = False
 
     def __init__(self, root: str | Path, image_size: int, resize_ratio: float = 0.75,
                  require_captions: bool = True, flag: str = "--image_text_folder",
@@ -77,7 +82,8 @@ class TextImageFolder(Dataset):
         if not 0.0 < resize_ratio <= 1.0:
             raise DataError("--random_resize_crop_lower_ratio must be in (0, 1], "
                             f"got {resize_ratio}")
-        self.image_size, self.resize_ratio, self.channels = image_size, resize_ratio, channels
+        self.root, self.image_size, self.resize_ratio = root, image_size, resize_ratio
+        self.channels = channels
         self.report = ScanReport()
         self.images: list[Path] = []
         self.captions: list[list[str]] = []
@@ -110,6 +116,19 @@ class TextImageFolder(Dataset):
     def all_captions(self) -> list[str]:
         return [line for lines in self.captions for line in lines]
 
+    def keys(self) -> list[str]:
+        """Each image's name for the held-out split: its path below the folder, without
+        the extension (the same on every machine the folder is copied to)."""
+        return [path.relative_to(self.root).with_suffix("").as_posix() for path in self.images]
+
+    def subset(self, indices: list[int], evaluation: bool = False) -> TextImageFolder:
+        """The images at `indices`; evaluation: read without random crops or captions."""
+        part = copy.copy(self)
+        part.images = [self.images[i] for i in indices]
+        part.captions = [self.captions[i] for i in indices]
+        part.evaluation = evaluation
+        return part
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, str]:
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} images")
@@ -118,8 +137,10 @@ class TextImageFolder(Dataset):
             path = self.images[(index + attempt) % len(self)]
             try:
                 with Image.open(path) as img:
-                    image = random_resized_crop(to_mode(img, self.channels), self.image_size,
-                                                self.resize_ratio)
+                    image = (center_crop(to_mode(img, self.channels), self.image_size)
+                             if self.evaluation else
+                             random_resized_crop(to_mode(img, self.channels), self.image_size,
+                                                 self.resize_ratio))
                 break
             except OSError:
                 continue
@@ -127,5 +148,8 @@ class TextImageFolder(Dataset):
             raise DataError("no image in the folder could be decoded", "check the image files")
         index = (index + attempt) % len(self)
         lines = self.captions[index]
-        caption = lines[int(torch.randint(len(lines), ()))] if lines else ""
+        if not lines:
+            caption = ""
+        else:
+            caption = lines[0] if self.evaluation else lines[int(torch.randint(len(lines), ()))]
         return pil_to_tensor(image, self.channels), caption

@@ -54,6 +54,14 @@ def random_resized_crop(image: Image.Image, size: int, lower_ratio: float,
     return image.resize((size, size), Image.Resampling.BICUBIC, box=(x, y, x + side, y + side))
 
 
+def center_crop(image: Image.Image, size: int) -> Image.Image:
+    """The largest centred square, resized to size: the one crop held-out data is read with."""
+    w, h = image.size
+    side = min(w, h)
+    x, y = (w - side) // 2, (h - side) // 2
+    return image.resize((size, size), Image.Resampling.BICUBIC, box=(x, y, x + side, y + side))
+
+
 def make_grid(images: torch.Tensor, nrow: int | None = None, pad: int = 2,
               min_cell: int = 64) -> Image.Image:
     """[b, 3, H, W] in [0, 1] -> one PIL image with the pictures in rows of nrow; with 4

@@ -74,7 +74,12 @@ class ResumableSampler(DistributedSampler):
 
 
 class EpochLoader:
-    """A DataLoader whose sampler is reshuffled per epoch (`epoch(e)` yields its batches)."""
+    """A DataLoader whose sampler is reshuffled per epoch (`epoch(e)` yields its batches).
+
+    held_out: the validation part's loader (data.heldout.HeldOutLoader) when make_loader
+    split one off (--val_fraction), else None."""
+
+    held_out: Any = None
 
     def __init__(self, dataset: Dataset, batch_size: int, rank: int, world_size: int,
                  seed: int, num_workers: int, collate: Callable[[Any], Any],

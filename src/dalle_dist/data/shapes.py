@@ -103,23 +103,36 @@ def sample_spec(seed: int, index: int) -> ShapeSpec:
 
 class ShapesDataset(Dataset):
     """`count` scenes drawn from `seed`; item i is (image [C, S, S] in [0, 1], caption),
-    C = 3, or 4 with an opaque alpha channel for a --transparent VAE."""
+    C = 3, or 4 with an opaque alpha channel for a --transparent VAE.
+
+    indices: the scenes this dataset holds (a part of a held-out split); default all."""
 
     def __init__(self, count: int = 10_000, image_size: int = 32, seed: int = 0,
-                 channels: int = 3) -> None:
+                 channels: int = 3, indices: list[int] | None = None) -> None:
         self.count, self.image_size, self.seed = count, image_size, seed
         self.channels = channels
+        self.indices = indices
 
     def __len__(self) -> int:
-        return self.count
+        return self.count if self.indices is None else len(self.indices)
 
     def spec(self, index: int) -> ShapeSpec:
         return sample_spec(self.seed, index)
 
+    def keys(self) -> list[str]:
+        """Each scene's name for the held-out split: its index in the full dataset."""
+        return [str(i) for i in (range(self.count) if self.indices is None else self.indices)]
+
+    def subset(self, indices: list[int], evaluation: bool = False) -> ShapesDataset:
+        """The scenes at `indices` of this one (shapes are drawn the same way every time)."""
+        held = range(self.count) if self.indices is None else self.indices
+        return ShapesDataset(self.count, self.image_size, self.seed, self.channels,
+                             [held[i] for i in indices])
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, str]:
-        if not 0 <= index < self.count:
-            raise IndexError(f"index {index} out of range for {self.count} images")
-        spec = self.spec(index)
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} images")
+        spec = self.spec(index if self.indices is None else self.indices[index])
         return pil_to_tensor(render(spec, self.image_size), self.channels), spec.caption
 
     def captions(self) -> list[str]:

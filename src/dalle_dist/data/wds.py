@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
+import re
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,8 +23,10 @@ from typing import Any
 import torch
 from PIL import Image
 
-from dalle_dist.data.images import pil_to_tensor, random_resized_crop, to_mode
+from dalle_dist.data.heldout import WeightedBatch, padded
+from dalle_dist.data.images import center_crop, pil_to_tensor, random_resized_crop, to_mode
 from dalle_dist.data.loader import PREFETCH_FACTOR
+from dalle_dist.data.split import check_split, held_out
 from dalle_dist.errors import DataError
 
 #: Samples held in the shuffle buffer of each loader worker.
@@ -57,11 +61,27 @@ def shard_paths(spec: str) -> list[Path]:
     return shards
 
 
+#: WebDataset's own split of a member name into the sample's __key__ and the extension
+#: (webdataset.tariterators.base_plus_ext): up to the first dot of the file name.
+MEMBER_NAME = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+
+
+def split_key(shard: str | Path, key: str) -> str:
+    """The name the held-out split hashes: the shard's file name and the sample's __key__
+    (keys often restart in every shard)."""
+    return f"{Path(shard).name}/{key}"
+
+
 @dataclass
 class ShardIndex:
     path: Path
     samples: int
     captions: list[str]
+    keys: list[str]  # the usable samples' __key__s
+
+    def held_out(self, fraction: float) -> int:
+        """How many of the usable samples the split holds out."""
+        return sum(held_out(split_key(self.path, key), fraction) for key in self.keys)
 
 
 def index_shard(path: Path, image_key: str, caption_key: str | None) -> ShardIndex:
@@ -70,35 +90,41 @@ def index_shard(path: Path, image_key: str, caption_key: str | None) -> ShardInd
     try:
         with tarfile.open(path) as tar:
             for info in tar:
-                if not info.isfile() or "." not in Path(info.name).name:
+                match = MEMBER_NAME.match(info.name)
+                if not info.isfile() or match is None:
                     continue
-                stem, _, ext = info.name.partition(".")
+                stem, ext = match.groups()
                 members.setdefault(stem, {})[ext.lower()] = info
-            captions = []
+            captions, keys = [], []
             samples = 0
-            for files in members.values():
+            for stem, files in members.items():
                 if image_key not in files or (caption_key and caption_key not in files):
                     continue
                 samples += 1
+                keys.append(stem)
                 if caption_key:
                     raw = tar.extractfile(files[caption_key]).read()
                     captions.append(raw.decode("utf-8", errors="replace").strip())
     except (tarfile.TarError, OSError) as exc:
         raise DataError(f"WebDataset shard {path} cannot be read ({exc})",
                         "check or remove the shard") from None
-    return ShardIndex(path, samples, captions)
+    return ShardIndex(path, samples, captions, keys)
 
 
 def _to_sample(image_key: str, caption_key: str | None, image_size: int, resize_ratio: float,
-               channels: int = 3) -> Callable[[dict[str, Any]], tuple[torch.Tensor, str]]:
+               channels: int = 3, evaluation: bool = False
+               ) -> Callable[[dict[str, Any]], tuple[torch.Tensor, str]]:
+    """evaluation: the held-out way, the same every time (centred crop, first caption line)."""
     def convert(sample: dict[str, Any]) -> tuple[torch.Tensor, str]:
         with Image.open(io.BytesIO(sample[image_key])) as img:
-            image = random_resized_crop(to_mode(img, channels), image_size, resize_ratio)
+            image = (center_crop(to_mode(img, channels), image_size) if evaluation else
+                     random_resized_crop(to_mode(img, channels), image_size, resize_ratio))
         caption = ""
         if caption_key:
             lines = [line.strip() for line in sample[caption_key].decode("utf-8", "replace")
                      .splitlines() if line.strip()]
-            caption = lines[int(torch.randint(len(lines), ()))] if lines else ""
+            if lines:
+                caption = lines[0] if evaluation else lines[int(torch.randint(len(lines), ()))]
         return pil_to_tensor(image, channels), caption
     return convert
 
@@ -109,14 +135,23 @@ class WebDatasetLoader:
     def __init__(self, spec: str, keys: str, image_size: int, resize_ratio: float,
                  batch_size: int, rank: int, world_size: int, seed: int, num_workers: int,
                  collate: Callable[[Any], Any], require_caption: bool,
-                 pin_memory: bool = False, channels: int = 3) -> None:
-        """channels: 3 loads RGB, 4 RGBA (--transparent; opaque images get alpha 1)."""
+                 pin_memory: bool = False, channels: int = 3, val_fraction: float = 0.0) -> None:
+        """channels: 3 loads RGB, 4 RGBA (--transparent; opaque images get alpha 1);
+        val_fraction: hold out the samples whose shard name and __key__ hash below it
+        (data/split.py); training skips them and `held_out` reads them."""
         self.image_key, self.caption_key = parse_keys(keys, require_caption)
         shards = shard_paths(spec)
         if len(shards) < world_size:
             raise DataError(f"{len(shards)} WebDataset shards cannot be split over "
                             f"{world_size} ranks", "use at least one shard per rank")
         self.index = [index_shard(p, self.image_key, self.caption_key) for p in shards]
+        self.val_fraction = val_fraction
+        self.held_out_counts = [s.held_out(val_fraction) for s in self.index]
+        total, val = sum(s.samples for s in self.index), sum(self.held_out_counts)
+        check_split(total - val, val, val_fraction, "WebDataset samples")
+        if val_fraction > 0:  # from here on a shard's samples are its training samples
+            self.index = [ShardIndex(s.path, s.samples - n, s.captions, s.keys)
+                          for s, n in zip(self.index, self.held_out_counts, strict=True)]
         self.steps = min(self._batches(self.index[r::world_size], batch_size, num_workers)
                          for r in range(world_size))
         if self.steps == 0:
@@ -128,6 +163,9 @@ class WebDatasetLoader:
         self.collate, self.pin_memory = collate, pin_memory
         self.convert = _to_sample(self.image_key, self.caption_key, image_size, resize_ratio,
                                   channels)
+        self.channels = channels
+        self.held_out = (WebDatasetHeldOut(self, image_size, world_size, rank)
+                         if val_fraction > 0 else None)
 
     @staticmethod
     def _batches(shards: list[ShardIndex], batch_size: int, num_workers: int) -> int:
@@ -144,17 +182,31 @@ class WebDatasetLoader:
 
     def describe(self) -> str:
         total = sum(s.samples for s in self.index)
-        return (f"webdataset: {total} samples in {len(self.index)} shards, "
-                f"{self.steps} steps per epoch per rank")
+        held = (f"; {sum(self.held_out_counts)} held out for validation (--val_fraction "
+                f"{self.val_fraction})" if self.val_fraction > 0 else "")
+        return (f"webdataset: {total} training samples in {len(self.index)} shards, "
+                f"{self.steps} steps per epoch per rank{held}")
+
+    def pipeline(self, shards: list[str], want_held_out: bool) -> Any:
+        """The samples of `shards` with every member, of the training part or (with
+        want_held_out) of the held-out part, undecoded."""
+        import webdataset as wds
+
+        keys, fraction = (self.image_key, self.caption_key), self.val_fraction
+
+        def wanted(sample: dict[str, Any]) -> bool:
+            return (all(k in sample for k in keys if k) and held_out(
+                split_key(sample["__url__"], sample["__key__"]), fraction) == want_held_out)
+
+        return (wds.WebDataset(shards, shardshuffle=False, nodesplitter=None,
+                               workersplitter=wds.split_by_worker, empty_check=False,
+                               handler=wds.warn_and_continue)
+                .select(wanted))
 
     def _one_pass(self, seed: int) -> Iterator[Any]:
         import webdataset as wds
 
-        keys = (self.image_key, self.caption_key)
-        pipeline = (wds.WebDataset(self.shards, shardshuffle=False, nodesplitter=None,
-                                   workersplitter=wds.split_by_worker, empty_check=False,
-                                   handler=wds.warn_and_continue)
-                    .select(lambda sample: all(k in sample for k in keys if k))
+        pipeline = (self.pipeline(self.shards, False)
                     .shuffle(SHUFFLE_BUFFER, seed=seed)
                     .map(self.convert, handler=wds.warn_and_continue))
         # a DataLoader per pass (its shuffle seed differs): workers cannot persist
@@ -180,3 +232,48 @@ class WebDatasetLoader:
                     raise DataError("no sample of this rank's WebDataset shards could be "
                                     "decoded", "check the shards' images")
         return itertools.islice(passes(), start, self.steps)
+
+
+class WebDatasetHeldOut:
+    """This rank's held-out WebDataset samples (from its own shards), in order, in as many
+    batches as the rank with the most takes (data/heldout.py pads the others)."""
+
+    def __init__(self, source: WebDatasetLoader, image_size: int, world_size: int,
+                 rank: int) -> None:
+        self.source, self.batch_size = source, source.batch_size
+        counts = source.held_out_counts
+        self.samples = sum(counts)
+        self.steps = max(math.ceil(sum(counts[r::world_size]) / self.batch_size)
+                         for r in range(world_size))
+        self.convert = _to_sample(source.image_key, source.caption_key, image_size, 1.0,
+                                  source.channels, evaluation=True)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def _loader(self) -> Iterator[Any]:
+        import webdataset as wds
+
+        pipeline = self.source.pipeline(self.source.shards, True).map(
+            self.convert, handler=wds.warn_and_continue)
+        # in the main process: the batch count must not depend on how workers split shards
+        return iter(torch.utils.data.DataLoader(pipeline, batch_size=self.batch_size,
+                                                collate_fn=self.source.collate))
+
+    def batches(self) -> Iterator[WeightedBatch]:
+        """This rank's held-out batches with their weights; len(self) of them."""
+        return padded(self._loader(), self.steps, self.first_batch)
+
+    def first_batch(self) -> Any:
+        """The first held-out batch of the rank's shards (the sample grids' captions); a
+        rank whose shards hold none reads the first of all shards'."""
+        batch = next(self._loader(), None)
+        if batch is not None:
+            return batch
+        import webdataset as wds
+
+        everywhere = [str(s.path) for s in self.source.index]
+        pipeline = self.source.pipeline(everywhere, True).map(
+            self.convert, handler=wds.warn_and_continue)
+        return next(iter(torch.utils.data.DataLoader(
+            pipeline, batch_size=self.batch_size, collate_fn=self.source.collate)))

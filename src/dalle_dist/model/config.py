@@ -90,6 +90,10 @@ class DALLEConfig(DictConfig):
         None, "sparse: random 16-token blocks per block",
         default_text="default: a quarter of the sequence's blocks, as DALLE-pytorch")
     sparse_seed: int = option(0, "seed of the sparse layout's random blocks")
+    null_cond_prob: float = option(
+        0.0, "classifier-free guidance training: replace a caption with the null caption (all "
+        "padding) at this rate per sample, so that generate --cond_scale can guide; the "
+        "checkpoint records it")
     stable_softmax: bool = option(
         False, "DALLE-pytorch's stable softmax: max-normalised output before the logits and "
         "a stabler softmax in the dense and gather paths")
@@ -117,6 +121,9 @@ class DALLEConfig(DictConfig):
         for name in ("attn_dropout", "ff_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 <= self.null_cond_prob < 1.0:
+            raise ConfigError(f"--null_cond_prob must be in [0, 1), got {self.null_cond_prob}",
+                              "DALLE-pytorch's classifier-free guidance papers use about 0.1")
         if self.loss_img_weight < 0:
             raise ConfigError("--loss_img_weight must be >= 0")
         if not self.attn_types:

@@ -12,7 +12,7 @@ from dalle_dist.model.attention import LayerKVCache
 from dalle_dist.model.config import DALLEConfig
 from dalle_dist.model.decoding import StaticDecoder
 from dalle_dist.model.patterns import PatternOptions, SequenceLayout
-from dalle_dist.model.sampling import sample_tokens
+from dalle_dist.model.sampling import guide, null_text, sample_tokens
 from dalle_dist.model.transformer import Transformer
 from dalle_dist.model.vae import DiscreteVAE
 
@@ -154,37 +154,45 @@ class DALLE(nn.Module):
         generator: torch.Generator | None = None,
         use_cache: bool = True,
         decoder: StaticDecoder | None = None,
+        cond_scale: float = 1.0,
     ) -> Tensor:
         """Sample [b, fmap^2] image token ids for [b, text_seq_len] captions.
 
         With use_cache the prefix is encoded once into a preallocated cache and each new
         token costs one position (decoding.StaticDecoder; pass `decoder` to reuse one, e.g.
-        a compiled one, across calls). Without it every step re-runs the whole sequence:
-        the reference the cache must match token for token.
+        a compiled one, across calls; its own cond_scale then applies). Without it every
+        step re-runs the whole sequence: the reference the cache must match token for token.
+        cond_scale: classifier-free guidance, null + (cond - null) x cond_scale (1: none);
+        uncached, the conditional and null passes are two separate forwards.
         """
         if use_cache:
             if decoder is None:
-                decoder = StaticDecoder(self, text.shape[0])
+                decoder = StaticDecoder(self, text.shape[0], cond_scale=cond_scale)
             if decoder.model is not self:
                 raise ValueError("the decoder was built for another model")
             return decoder.sample(text, filter_thres, temperature, generator)
         was_training = self.training
         self.eval()
         try:
-            prefix = self._embed_text(self._text_input(text))
             n_image = self.layout.image_len
             tokens = torch.empty(text.shape[0], n_image, dtype=torch.long, device=text.device)
-            h = self.transformer(prefix, self.layout)
             for j in range(n_image):
-                tokens[:, j] = sample_tokens(self._image_logits(h[:, -1]), filter_thres,
-                                             temperature, generator)
-                if j == n_image - 1:
-                    break
-                x = torch.cat((prefix, self._embed_image(tokens[:, : j + 1])), dim=1)
-                h = self.transformer(x, self.layout)
+                logits = self.uncached_image_logits(text, tokens[:, :j])
+                if cond_scale != 1.0:
+                    null = self.uncached_image_logits(null_text(text), tokens[:, :j])
+                    logits = guide(logits, null, cond_scale)
+                tokens[:, j] = sample_tokens(logits, filter_thres, temperature, generator)
             return tokens
         finally:
             self.train(was_training)
+
+    def uncached_image_logits(self, text: Tensor, tokens: Tensor) -> Tensor:
+        """The image logits [b, vocab] of the cell after image tokens [b, j] (j may be 0),
+        from one forward over the whole sequence: no cache, the reference for decoding."""
+        x = self._embed_text(self._text_input(text))
+        if tokens.shape[1]:
+            x = torch.cat((x, self._embed_image(tokens)), dim=1)
+        return self._image_logits(self.transformer(x, self.layout)[:, -1])
 
     @torch.no_grad()
     def complete_text(self, prompt: Tensor, filter_thres: float = 0.5, temperature: float = 1.0,
@@ -237,9 +245,11 @@ class DALLE(nn.Module):
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
         decoder: StaticDecoder | None = None,
+        cond_scale: float = 1.0,
     ) -> Tensor:
         """Captions -> [b, C, H, W] images in [0, 1], decoded by the model's own VAE (C: its
-        channels, 4 for a --transparent one)."""
+        channels, 4 for a --transparent one). cond_scale: classifier-free guidance
+        (DALLE-pytorch's generate_images argument)."""
         tokens = self.sample_image_tokens(text, filter_thres, temperature, generator,
-                                          decoder=decoder)
+                                          decoder=decoder, cond_scale=cond_scale)
         return vae.decode(tokens)

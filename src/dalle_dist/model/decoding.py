@@ -8,6 +8,10 @@ compiled step, so the generator's stream is the one eager sampling consumes.
 
 Nothing in the loop reads a device value on the host: positions are tensors, tokens are
 written into a device buffer, and the step number is only a Python loop counter.
+
+Classifier-free guidance (cond_scale != 1) doubles the batch: rows [0, b) carry the
+captions, rows [b, 2b) the null caption, each row with its own slots of the one cache, so
+both passes run as one forward per token; the sampled token is fed to both halves.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from dalle_dist.model.sampling import sample_tokens
+from dalle_dist.model.sampling import guide, null_text, sample_tokens
 
 if TYPE_CHECKING:
     from dalle_dist.model.dalle import DALLE
@@ -40,13 +44,16 @@ class StaticDecoder(nn.Module):
     """
 
     def __init__(self, model: DALLE, batch: int, compiled: bool = False,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, cond_scale: float = 1.0) -> None:
+        """cond_scale: classifier-free guidance (1: none, and no null pass)."""
         super().__init__()
         weight = model.text_emb.weight
         self.model = model
         self.batch = batch
         self.compiled = compiled
-        self.caches = model.transformer.new_cache(batch, model.layout, weight.device,
+        self.cond_scale = cond_scale
+        self.rows = batch * 2 if self.guided else batch  # the null half when guided
+        self.caches = model.transformer.new_cache(self.rows, model.layout, weight.device,
                                                   dtype or weight.dtype)
         self.register_buffer("cells", torch.arange(model.layout.image_len, device=weight.device),
                              persistent=False)
@@ -58,6 +65,18 @@ class StaticDecoder(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.cells.device
+
+    @property
+    def guided(self) -> bool:
+        return self.cond_scale != 1.0
+
+    def next_logits(self, logits: Tensor) -> Tensor:
+        """The logits [batch, vocab] tokens are drawn from: guided from the two halves of
+        the doubled batch, or the model's own."""
+        if not self.guided:
+            return logits
+        cond, null = logits.chunk(2)
+        return guide(cond, null, self.cond_scale)
 
     def step(self, tokens: Tensor, cell: Tensor) -> Tensor:
         """Image logits [b, vocab] for the cell after `cell` ([1]), given its tokens [b, 1]."""
@@ -73,18 +92,23 @@ class StaticDecoder(nn.Module):
         was_training = model.training
         model.eval()
         try:
-            n_image = model.layout.image_len
-            tokens = torch.empty(self.batch, n_image, dtype=torch.long, device=self.device)
+            n_image, b = model.layout.image_len, self.batch
+            tokens = torch.empty(self.rows, n_image, dtype=torch.long, device=self.device)
+            if self.guided:
+                text = torch.cat([text, null_text(text)])
             logits = model.prefill(text, self.caches)
             graphs = self.compiled and self.device.type == "cuda"
             for j in range(n_image):
-                tokens[:, j] = sample_tokens(logits, filter_thres, temperature, generator)
+                tokens[:b, j] = sample_tokens(self.next_logits(logits), filter_thres,
+                                              temperature, generator)
+                if self.guided:
+                    tokens[b:, j] = tokens[:b, j]  # the null pass continues the same image
                 if j == n_image - 1:
                     break
                 if graphs:
                     # The last step's logits are consumed: its graph's outputs may be reused.
                     torch.compiler.cudagraph_mark_step_begin()
                 logits = self._step(tokens[:, j:j + 1], self.cells[j:j + 1])
-            return tokens
+            return tokens[:b]
         finally:
             model.train(was_training)

@@ -30,3 +30,15 @@ def sample_tokens(logits: Tensor, filter_thres: float, temperature: float,
                          dtype=filtered.dtype)
     gumbel = -torch.log((-torch.log(uniform.clamp_min(1e-20))).clamp_min(1e-20))
     return (filtered / max(temperature, 1e-6) + gumbel).argmax(dim=-1)
+
+
+def null_text(text: Tensor) -> Tensor:
+    """The null caption of classifier-free guidance for each row of [b, text_seq_len]
+    captions: all padding (id 0), what --null_cond_prob trains the model on."""
+    return torch.zeros_like(text)
+
+
+def guide(cond: Tensor, null: Tensor, cond_scale: float) -> Tensor:
+    """Classifier-free guidance: null + (cond - null) x cond_scale, before any filtering
+    (as DALLE-pytorch's generate_images). cond_scale 1 is the conditional logits."""
+    return null + (cond - null) * cond_scale

@@ -52,6 +52,7 @@ from dalle_dist.train.config import (
     TrainConfig,
     VAESamples,
     VAESchedule,
+    ValidationConfig,
 )
 from dalle_dist.train.dalle_task import DALLETask
 from dalle_dist.train.evaluate import evaluate_fidelity
@@ -100,14 +101,16 @@ def loader_workers(data_cfg: DataConfig, backend: DistributedBackend) -> int:
 
 def rank_loader(data_cfg: DataConfig, image_size: int, train_cfg: TrainConfig,
                 backend: DistributedBackend, collate: CaptionCollate, require_captions: bool,
-                log: RunLog, flag: str = "--image_text_folder", workers: int = 0) -> Loader:
+                log: RunLog, flag: str = "--image_text_folder", workers: int = 0,
+                val_fraction: float = 0.0) -> Loader:
     """This rank's share of the data, in batches of its share of --batch_size, loaded by
-    `workers` processes; pinned on CUDA so the step's non_blocking copies overlap."""
+    `workers` processes; pinned on CUDA so the step's non_blocking copies overlap.
+    val_fraction: the part held out for validation (the loader's `held_out`)."""
     pin = backend.device.type == "cuda"
     loader, description = make_loader(
         data_cfg, image_size, backend.rank_batch_size(train_cfg.batch_size), backend.rank,
         backend.world_size, train_cfg.seed, collate, require_captions, flag,
-        num_workers=workers, pin_memory=pin)
+        num_workers=workers, pin_memory=pin, val_fraction=val_fraction)
     how = f"{workers} loader processes per rank" if workers else "loaded in the main process"
     log.info(f"{description} ({how}{', pinned' if pin else ''})")
     return loader
@@ -128,10 +131,11 @@ def check_same_steps(loader: Loader, backend: DistributedBackend,
 
 def checked_loader(data_cfg: DataConfig, train_cfg: TrainConfig,
                    backend: DistributedBackend, collate: CaptionCollate, tokenizer: Any,
-                   text_seq_len: int, log: RunLog, workers: int = 0) -> Loader:
+                   text_seq_len: int, log: RunLog, workers: int = 0,
+                   val_fraction: float = 0.0) -> Loader:
     """This rank's batches of image-caption pairs, captions checked against text_seq_len."""
     loader = rank_loader(data_cfg, data_cfg.image_size, train_cfg, backend, collate, True, log,
-                         workers=workers)
+                         workers=workers, val_fraction=val_fraction)
     check_captions(loader, tokenizer, text_seq_len, data_cfg.truncate_captions)
     return loader
 
@@ -182,6 +186,7 @@ class RunSetup:
     start: Start
     payload: dict[str, Any] | None  # the checkpoint continued from; None: a fresh run
     trackers: TrackerConfig = field(default_factory=TrackerConfig)
+    val_every_n_steps: int = 0  # --val_every_n_steps, when the loader holds data out
 
     @classmethod
     def begin(cls, kind: str, output_flag: str, backend: DistributedBackend,
@@ -237,7 +242,7 @@ class RunSetup:
         failed = True  # a W&B run that ends in an error is marked failed
         try:
             train(task, engine, backend, loader, train_cfg, self.paths, log, state,
-                  checkpointer)
+                  checkpointer, self.val_every_n_steps)
             failed = False
         except Stopped:  # a preempted run saved and resumes: it did not fail
             failed = False
@@ -369,19 +374,22 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
                 text_seq_len: int = 48, lr_decay: bool = False, fidelity_images: int = 64,
                 attn_impl: str = "auto", cache_dir: Path | None = None,
                 builtin_vae_epochs: int = BUILTIN_VAE_TRAIN.epochs, tf32: bool = True,
-                trackers: TrackerConfig | None = None, flops_profiler: bool = False
-                ) -> float | None:
+                trackers: TrackerConfig | None = None, flops_profiler: bool = False,
+                validation: ValidationConfig | None = None) -> float | None:
     """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere).
     tokenizer_cfg: --bpe_path / --hug / --chinese (a resumed checkpoint's own tokenizer
     must agree with them); tf32: fp32 matmuls and convolutions in TF32 on CUDA (set_tf32);
     trackers: W&B / TensorBoard (off: None); flops_profiler: count and time one forward and
-    backward, print the table (train/flops.py) and return None without training or saving."""
+    backward, print the table (train/flops.py) and return None without training or saving;
+    validation: the held-out part (--val_fraction) and how often its loss is measured."""
     resume = resume or ResumeConfig()
     trackers = trackers or TrackerConfig()
     tokenizer_cfg = tokenizer_cfg or TokenizerConfig()
+    validation = validation or ValidationConfig()
     train_cfg.validate()
     resume.validate()
     trackers.validate()
+    validation.validate()
     if vae_path and resume.source and resume.source != "auto":
         raise ConfigError(f"--vae_path and {resume.flag} cannot be combined",
                           "a DALL-E checkpoint carries its VAE; drop --vae_path")
@@ -402,6 +410,7 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     log = RunLog(paths.metrics, backend.is_root, loss_plot=paths.loss_plot)
     run = RunSetup.begin("dalle", "--dalle_output_file_name", backend, train_cfg, resume,
                          paths, log, tf32, trackers)
+    run.val_every_n_steps = validation.val_every_n_steps
     if run.payload is not None:
         model_cfg, vae, tokenizer = backend.everywhere("the checkpoint's tokenizer", lambda: (
             dalle_parts(run.payload, tokenizer_cfg, str(run.payload["loaded_from"]))))
@@ -427,7 +436,7 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     collate = CaptionCollate(tokenizer, model_cfg.text_seq_len, data_cfg.truncate_captions)
     loader = run.loader(lambda workers: checked_loader(
         data_cfg, train_cfg, backend, collate, tokenizer, model_cfg.text_seq_len, log,
-        workers), data_cfg, "--image_text_folder")
+        workers, validation.val_fraction), data_cfg, "--image_text_folder")
 
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), lr_decay,
                      backend.device, attn_impl, precision=backend.precision())

@@ -42,6 +42,33 @@ class TrainConfig(DictConfig):
                 raise ConfigError(f"--{name} must be >= 0 (0 turns it off)")
 
 
+@dataclass(frozen=True)
+class ValidationConfig(DictConfig):
+    """The held-out part and how often its loss is measured. Apart from DataConfig and
+    TrainConfig, whose dicts make the built-in VAE's cache key: holding data out for the
+    DALL-E must not retrain the VAE."""
+
+    val_fraction: float = option(
+        0.0, "hold out this fraction of the samples for a validation loss, chosen by a hash "
+        "of each sample's name (folder: its path; WebDataset: shard and __key__; built-in: "
+        "its index), so the split is the same on every rank, for any rank count and after "
+        "a resume; the sample grids take their captions from it. 0: no validation")
+    val_every_n_steps: int = option(
+        0, "also measure the validation loss every N optimizer steps (it is always measured "
+        "at each epoch end); 0: only at epoch ends", metavar="N")
+
+    def validate(self) -> None:
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ConfigError(f"--val_fraction must be in [0, 1), got {self.val_fraction}",
+                              "e.g. 0.05 holds out about 5% of the samples; 0 holds out none")
+        if self.val_every_n_steps < 0:
+            raise ConfigError(f"--val_every_n_steps must be >= 0, got {self.val_every_n_steps}",
+                              "0 measures only at epoch ends")
+        if self.val_every_n_steps and not self.val_fraction:
+            raise ConfigError("--val_every_n_steps needs --val_fraction",
+                              "hold some data out, e.g. --val_fraction 0.05")
+
+
 #: train-vae: DALLE-pytorch's train_vae.py clips nothing
 VAE_TRAIN_DEFAULTS = TrainConfig(epochs=5, clip_grad_norm=None)
 

@@ -24,6 +24,16 @@ from dalle_dist.train.task import Batch, Task
 SAMPLE_IMAGES = 8
 
 
+def null_captions(text: torch.Tensor, prob: float) -> torch.Tensor:
+    """--null_cond_prob: each caption [b, text_seq_len] replaced by the null caption (all
+    padding, id 0, which the model turns into its padding tokens) with probability `prob`.
+
+    Drawn on the CPU from the global RNG, which each rank seeds and every checkpoint
+    records, so a resumed run draws the same masks; the host tensor needs no device sync."""
+    keep = torch.rand(text.shape[0]) >= prob
+    return text * keep.unsqueeze(1).to(text.dtype)
+
+
 class DALLETask(Task):
     kind = "dalle"
 
@@ -53,11 +63,14 @@ class DALLETask(Task):
     def shard_units(self, model: nn.Module) -> Sequence[nn.Module]:
         return list(model.transformer.blocks)
 
-    def inputs(self, batch: Batch, device: torch.device) -> tuple[Any, ...]:
+    def inputs(self, batch: Batch, device: torch.device, training: bool = True
+               ) -> tuple[Any, ...]:
         images, text, _ = batch
         images = images.to(device, non_blocking=True)  # async from the loader's pinned memory
         with torch.no_grad(), self.precision.autocast():
             image_tokens = self.vae.get_codebook_indices(images)
+        if training and self.config.null_cond_prob > 0:
+            text = null_captions(text, self.config.null_cond_prob)
         return text.to(device, non_blocking=True), image_tokens
 
     def after_epoch(self, epoch: int, mean_loss: float, engine: Engine) -> None:

@@ -30,14 +30,16 @@ class FidelityResult:
 def evaluate_fidelity(model: DALLE, vae: DiscreteVAE, tokenizer: Tokenizer, count: int,
                       data_seed: int, device: torch.device, filter_thres: float = 0.9,
                       temperature: float = 1.0, batch_size: int = 64,
-                      seed: int = 0) -> FidelityResult:
-    """Sample one image per held-out caption and score colour and shape."""
+                      seed: int = 0, cond_scale: float = 1.0) -> FidelityResult:
+    """Sample one image per held-out caption and score colour and shape; cond_scale:
+    classifier-free guidance (1: none)."""
     captions = [ShapesDataset(count, vae.config.image_size, data_seed + HELD_OUT_SEED_OFFSET)
                 .spec(i).caption for i in range(count)]
     text = tokenize(tokenizer, captions, model.config.text_seq_len, truncate=True).to(device)
     generator = torch.Generator(device).manual_seed(seed)
     images = torch.cat([
-        model.generate_images(text[i:i + batch_size], vae, filter_thres, temperature, generator)
+        model.generate_images(text[i:i + batch_size], vae, filter_thres, temperature, generator,
+                              cond_scale=cond_scale)
         for i in range(0, count, batch_size)
     ]).cpu()
     # The scorer reads colour: a --transparent VAE's alpha is not part of it.

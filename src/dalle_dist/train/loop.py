@@ -28,6 +28,7 @@ from dalle_dist.train.config import RunPaths, TrainConfig
 from dalle_dist.train.preemption import stop_on_signals, stop_requested, stop_signal_name
 from dalle_dist.train.run_log import RunLog
 from dalle_dist.train.task import Batch, Task
+from dalle_dist.train.validation import validation_due, validation_loss
 
 #: How often (in optimizer steps) the ranks agree on a stop signal when --log_every_n_steps
 #: is 0; otherwise they agree at every log step.
@@ -178,9 +179,14 @@ def optimizer_step(task: Task, engine: Engine, backend: DistributedBackend,
 def train(task: Task, engine: Engine, backend: DistributedBackend,
           data: EpochLoader | WebDatasetLoader,
           config: TrainConfig, paths: RunPaths, log: RunLog,
-          state: LoopState | None = None, checkpointer: Checkpointer | None = None
-          ) -> LoopState:
+          state: LoopState | None = None, checkpointer: Checkpointer | None = None,
+          val_every_n_steps: int = 0) -> LoopState:
     """Train from `state` to the last epoch; raises Stopped after saving if signalled.
+
+    When `data.held_out` holds a validation part (--val_fraction), its loss is measured
+    at each epoch end and every `val_every_n_steps` optimizer steps (0: epoch ends only),
+    logged as a metrics record {step, epoch, val_loss}; the sample grids then draw their
+    captions from it.
 
     checkpointer: when and how often to save (checkpoint/checkpointer.py); by default one
     that saves before the first step, every --save_every_n_steps, at each epoch end and
@@ -194,14 +200,15 @@ def train(task: Task, engine: Engine, backend: DistributedBackend,
     try:
         with stop_on_signals():
             return _train(task, engine, backend, data, config, paths, log,
-                          state or LoopState(), checkpointer)
+                          state or LoopState(), checkpointer, val_every_n_steps)
     finally:
         log.end_progress()  # an error line printed next starts on a line of its own
 
 
 def _train(task: Task, engine: Engine, backend: DistributedBackend,
            data: EpochLoader | WebDatasetLoader, config: TrainConfig, paths: RunPaths,
-           log: RunLog, state: LoopState, checkpointer: Checkpointer) -> LoopState:
+           log: RunLog, state: LoopState, checkpointer: Checkpointer,
+           val_every_n_steps: int = 0) -> LoopState:
     """One optimizer step = --ga_steps micro-batches. The step itself never waits for the
     device: its numbers stay there (DeviceSums) until a sync point, a log step, a save, an
     epoch's end or a stop check, brings them over in one all-reduce."""
@@ -216,6 +223,8 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
     log.start_progress(config.epochs * steps_per_epoch, state.step, f"train {task.kind}")
     device_sums, window = DeviceSums(), MetricWindow()
     first_step = state.step
+    held_out = getattr(data, "held_out", None)
+    grid_batch: Batch | None = None  # the held-out batch every sample grid is drawn for
 
     for epoch in range(state.epoch, config.epochs):
         micro_batches = iter(data.epoch(epoch, start=state.batch))
@@ -248,8 +257,15 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
                              "lr": engine.lr, **task.step_metrics(state.step),
                              **({"loss_scale": scale} if scale is not None else {})})
                 window = MetricWindow()
+            if held_out is not None and validation_due(val_every_n_steps, state.step,
+                                                       epoch_done):
+                # a sync point of its own, at its cadence only: one all-reduce per pass
+                log.metrics({"step": state.step, "epoch": epoch,
+                             "val_loss": validation_loss(task, engine, backend, held_out)})
             if config.sample_every_n_steps and state.step % config.sample_every_n_steps == 0:
-                write_samples(task, engine, backend, window_batches[-1],
+                if held_out is not None and grid_batch is None and backend.is_root:
+                    grid_batch = held_out.first_batch()
+                write_samples(task, engine, backend, grid_batch or window_batches[-1],
                               paths.samples / f"step-{state.step:07d}.png", log, state.step)
             checkpointer.after_step(state, epoch_done=epoch_done, stopping=stop)
             log.progress(**shown)  # the step's end (tests/backends/sync_probe.py counts on it)

@@ -41,8 +41,11 @@ class Task(ABC):
         return ()
 
     @abstractmethod
-    def inputs(self, batch: Batch, device: torch.device) -> tuple[Any, ...]:
-        """The arguments of the model's forward for one batch; it returns {"loss": ..., ...}."""
+    def inputs(self, batch: Batch, device: torch.device, training: bool = True
+               ) -> tuple[Any, ...]:
+        """The arguments of the model's forward for one batch; it returns {"loss": ..., ...}.
+        training=False: for the validation loss (no training-only augmentation, e.g. the
+        null captions of --null_cond_prob)."""
 
     def after_step(self, step: int, engine: Engine) -> None:
         """Per-step schedules (VAE temperature and learning-rate decay)."""

@@ -34,7 +34,8 @@ class VAETask(Task):
         return torch.optim.lr_scheduler.ExponentialLR(optimizer,
                                                       gamma=self.schedule.lr_decay_rate)
 
-    def inputs(self, batch: Batch, device: torch.device) -> tuple[Any, ...]:
+    def inputs(self, batch: Batch, device: torch.device, training: bool = True
+               ) -> tuple[Any, ...]:
         return batch[0].to(device, non_blocking=True), self.temperature
 
     def after_step(self, step: int, engine: Engine) -> None:

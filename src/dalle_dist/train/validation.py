@@ -1,0 +1,66 @@
+"""The validation loss on the held-out part (--val_fraction), measured by every rank on
+its share and averaged over all held-out samples in one all-reduce.
+
+It is a sync point of its own, taken only at its cadence (--val_every_n_steps, each
+epoch end); the training steps between stay free of host synchronisation. It runs in a
+forked RNG with the model in eval mode, so measuring it (or how often) changes nothing
+training sees: a run with validation trains the same weights as one without.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from dalle_dist.backends import DistributedBackend, Engine
+from dalle_dist.data.heldout import WeightedBatch
+from dalle_dist.train.task import Task
+
+
+class HeldOut(Protocol):
+    """What a loader's `held_out` offers (data.heldout.HeldOutLoader, WebDatasetHeldOut)."""
+
+    samples: int
+
+    def __len__(self) -> int: ...
+    def batches(self) -> Any: ...
+    def first_batch(self) -> Any: ...
+
+
+@torch.no_grad()
+def held_out_sums(task: Task, engine: Engine, device: torch.device,
+                  batches: Any) -> torch.Tensor:
+    """[sum of mean loss x real samples, real samples] over this rank's weighted batches,
+    on the device (no value read back here)."""
+    total = torch.zeros(2, device=device, dtype=torch.float32)
+    for batch, n in batches:
+        loss = engine.forward(*task.inputs(batch, device, training=False))["loss"]
+        total += torch.stack([loss.detach().float() * n, torch.tensor(float(n), device=device)])
+    return total
+
+
+def validation_loss(task: Task, engine: Engine, backend: DistributedBackend,
+                    held_out: HeldOut) -> float:
+    """The mean loss over every held-out sample of every rank; collective."""
+    device = backend.device
+    module = engine.module
+    was_training = module.training
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        module.eval()
+        try:
+            with backend.waiting("the validation pass"):
+                sums = held_out_sums(task, engine, device, held_out.batches())
+        finally:
+            module.train(was_training)
+    # One all-reduce for the pass; the mean of the ranks' sums keeps their ratio.
+    total, count = backend.average(sums, "the validation loss all-reduce").tolist()
+    return total / max(count, 1e-12)
+
+
+def validation_due(every_n_steps: int, step: int, epoch_done: bool) -> bool:
+    """At each epoch end, and every N optimizer steps when N > 0."""
+    return epoch_done or (bool(every_n_steps) and step % every_n_steps == 0)
+
+
+__all__ = ["HeldOut", "WeightedBatch", "held_out_sums", "validation_due", "validation_loss"]
