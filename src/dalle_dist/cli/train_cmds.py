@@ -135,7 +135,8 @@ def add_train(sub: argparse._SubParsersAction) -> None:
                         "(0: skip; default %(default)s)")
     model = p.add_argument_group("model")
     add_flags(model, DALLEConfig)
-    add_flags(model, ComputeConfig, only=["attn_impl"])  # --no_tf32: with the training flags
+    # --no_tf32: with the training flags
+    add_flags(model, ComputeConfig, only=["attn_impl", "activation_checkpointing"])
     _add_train_args(p, TrainConfig())
     add_flags(p, TrainConfig, only=["clip_grad_norm"])
     p.add_argument("--lr_decay", action="store_true",
@@ -163,4 +164,4 @@ def run_train(args: argparse.Namespace) -> int:
         vae_path=args.vae_path, resume=resume, bpe_path=from_args(TokenizerConfig, args).bpe_path,
         attn_impl=args.attn_impl, text_seq_len=text_seq_len, lr_decay=args.lr_decay,
         fidelity_images=args.fidelity_images, builtin_vae_epochs=args.builtin_vae_epochs,
-        tf32=not args.no_tf32))
+        tf32=not args.no_tf32, activation_checkpointing=args.activation_checkpointing))

@@ -85,10 +85,25 @@ class DALLEConfig(DictConfig):
     stable_softmax: bool = option(
         False, "DALLE-pytorch's stable softmax: max-normalised output before the logits and "
         "a stabler softmax in the dense and gather paths")
+    # -- sharing (DALLE-pytorch's --shared_attn_ids / --shared_ff_ids / --share_input_output_emb)
+    shared_attn_ids: tuple[str, ...] | None = option(
+        None, "comma list, one id per layer: layers with the same id share one attention "
+        "module (and must have the same attention pattern)", parse=comma_list,
+        default_text="default: no sharing")
+    shared_ff_ids: tuple[str, ...] | None = option(
+        None, "comma list, one id per layer: layers with the same id share one feed-forward "
+        "module", parse=comma_list, default_text="default: no sharing")
+    share_input_output_emb: bool = option(
+        False, "tie the text and image token embeddings to the rows of the output "
+        "projection that predict those tokens, as DALLE-pytorch does")
 
     def __post_init__(self) -> None:
         # A checkpoint stores attn_types as a list; keep the dataclass hashable and comparable.
         object.__setattr__(self, "attn_types", tuple(self.attn_types))
+        for name in ("shared_attn_ids", "shared_ff_ids"):
+            ids = getattr(self, name)
+            if ids is not None:
+                object.__setattr__(self, name, tuple(str(i) for i in ids))
 
     @property
     def image_seq_len(self) -> int:
@@ -105,6 +120,36 @@ class DALLEConfig(DictConfig):
             raise ConfigError("--loss_img_weight must be >= 0")
         if not self.attn_types:
             raise ConfigError("--attn_types is empty", "give at least one pattern, e.g. full")
+        self.validate_sharing()
+
+    def validate_sharing(self) -> None:
+        """One id per layer (DALLE-pytorch cycled a shorter list; a miscount here is far
+        more often a typo than a wish to repeat), and layers sharing an attention module
+        run the same pattern: one module cannot compute two patterns."""
+        for flag, ids in (("--shared_attn_ids", self.shared_attn_ids),
+                          ("--shared_ff_ids", self.shared_ff_ids)):
+            if ids is None:
+                continue
+            if len(ids) != self.depth or not all(ids):
+                raise ConfigError(
+                    f"{flag} gives {len(ids)} ids for --depth {self.depth} layers",
+                    f"give one id per layer, e.g. {flag} "
+                    f"{','.join(str(i // 2) for i in range(self.depth))}")
+        if self.shared_attn_ids is None:
+            return
+        first: dict[str, int] = {}
+        for layer, key in enumerate(self.shared_attn_ids):
+            other = first.setdefault(key, layer)
+            a, b = self.layer_pattern(other), self.layer_pattern(layer)
+            if a != b:
+                raise ConfigError(
+                    f"--shared_attn_ids: layers {other} and {layer} share attention id "
+                    f"{key!r} but --attn_types gives them {a} and {b}",
+                    "share attention only between layers of the same pattern")
+
+    def layer_pattern(self, layer: int) -> str:
+        """The attention pattern of `layer`: --attn_types cycles over the depth."""
+        return self.attn_types[layer % len(self.attn_types)]
 
 
 @dataclass(frozen=True)
@@ -117,3 +162,8 @@ class ComputeConfig(DictConfig):
         False, "keep fp32 matmuls and convolutions in full fp32 on CUDA; by default they "
         "run in TensorFloat-32 (10-bit mantissa, several times faster on Ampere and "
         "later). No effect on CPU, or on what autocast runs in bf16/fp16")
+    activation_checkpointing: bool = option(
+        False, "recompute each transformer block's activations in backward instead of "
+        "keeping them (torch.utils.checkpoint, non-reentrant): less memory, about a third "
+        "more compute. --reversible is DALLE-pytorch's spelling; it maps to this",
+        aliases=("--reversible",))

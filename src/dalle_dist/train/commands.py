@@ -286,10 +286,11 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
                 resume: ResumeConfig | None = None, bpe_path: str | None = None,
                 text_seq_len: int = 48, lr_decay: bool = False, fidelity_images: int = 64,
                 attn_impl: str = "auto", cache_dir: Path | None = None,
-                builtin_vae_epochs: int = BUILTIN_VAE_TRAIN.epochs, tf32: bool = True
-                ) -> float | None:
+                builtin_vae_epochs: int = BUILTIN_VAE_TRAIN.epochs, tf32: bool = True,
+                activation_checkpointing: bool = False) -> float | None:
     """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere).
-    tf32: fp32 matmuls and convolutions in TF32 on CUDA (set_tf32)."""
+    tf32: fp32 matmuls and convolutions in TF32 on CUDA (set_tf32).
+    activation_checkpointing: recompute each block in backward (--reversible)."""
     resume = resume or ResumeConfig()
     train_cfg.validate()
     resume.validate()
@@ -337,7 +338,8 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
         workers), data_cfg, "--image_text_folder")
 
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), lr_decay,
-                     backend.device, attn_impl, precision=backend.precision())
+                     backend.device, attn_impl, precision=backend.precision(),
+                     activation_checkpointing=activation_checkpointing)
     n_params = sum(p.numel() for p in task.model.parameters())
     engine = run.train(task, loader, f"training DALL-E: {n_params / 1e6:.2f}M parameters, "
                        f"{model_cfg.text_seq_len} text + {model_cfg.image_seq_len} image tokens")
