@@ -52,6 +52,7 @@ class Case:
     num_layers: int = 2
     hidden_dim: int = 64
     extra: dict[str, int] = field(default_factory=dict)
+    checkpointing: bool = False  # --activation_checkpointing
 
     def configs(self) -> tuple[object, object]:
         from dalle_dist.model.config import DALLEConfig, VAEConfig
@@ -124,7 +125,9 @@ def _train_steps(case: Case, device: str, steps: int, before_last: object = None
     dev = torch.device(device)
     vae = DiscreteVAE(vae_cfg).to(dev).eval().requires_grad_(False)
     backend = SingleBackend.on(dev, case.precision)
-    engine = backend.distribute(DALLE(dalle_cfg), lambda p: make_adam(p, 1e-3), lambda o: None)
+    model = DALLE(dalle_cfg)
+    model.transformer.set_checkpointing(case.checkpointing)
+    engine = backend.distribute(model, lambda p: make_adam(p, 1e-3), lambda o: None)
     generator = torch.Generator().manual_seed(0)
     images = torch.rand(case.batch, 3, case.image_size, case.image_size, generator=generator)
     text = torch.randint(1, case.num_text_tokens, (case.batch, case.text_seq_len),
@@ -177,7 +180,7 @@ def estimated(case: Case, device: str) -> dict[str, int]:
 
     dalle_cfg, vae_cfg = case.configs()
     rows = estimate(dalle_cfg, case.batch, 1, vae=vae_cfg, precisions=(case.precision,),
-                    device=device)
+                    device=device, activation_checkpointing=case.checkpointing)
     row = next(r for r in rows if r.backend == "single")
     peak = row.peak - (CUDA_CONTEXT_BYTES if device == "cuda" else 0)
     return {"estimated": peak, **{f"est_{k}": v for k, v in row.items.items()}}
@@ -197,6 +200,7 @@ def run_case(case: Case, device: str, timeout: float = 600) -> dict[str, object]
     est = estimated(case, device)
     return {"case": case.name, "device": device, "precision": case.precision,
             "batch": case.batch, "attn_types": list(case.attn_types),
+            "checkpointing": case.checkpointing,
             "measured": measured, **est, "ratio": round(est["estimated"] / measured, 3),
             "runtime": runtime}
 

@@ -75,7 +75,8 @@ def run_plan(args: argparse.Namespace) -> int:
         raise ConfigError("--precision is empty", f"give some of {', '.join(plan.PRECISIONS)}")
     memory = plan.parse_memory(args.gpu_memory)
     rows = plan.estimate(dalle_cfg, args.batch_size, args.gpus, vae=vae_cfg,
-                         precisions=precisions, device=args.device, attn_impl=args.attn_impl)
+                         precisions=precisions, device=args.device, attn_impl=args.attn_impl,
+                         activation_checkpointing=args.activation_checkpointing)
     advice = plan.recommend(rows, memory)
     report = _report(dalle_cfg, vae_cfg, rows, args, memory, advice)
     if args.json:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dalle_dist.config_base import DictConfig, comma_list, option
@@ -120,36 +121,33 @@ class DALLEConfig(DictConfig):
             raise ConfigError("--loss_img_weight must be >= 0")
         if not self.attn_types:
             raise ConfigError("--attn_types is empty", "give at least one pattern, e.g. full")
-        self.validate_sharing()
+        check_shared_ids(self.depth, self.attn_types, self.shared_attn_ids,
+                         self.shared_ff_ids)
 
-    def validate_sharing(self) -> None:
-        """One id per layer (DALLE-pytorch cycled a shorter list; a miscount here is far
-        more often a typo than a wish to repeat), and layers sharing an attention module
-        run the same pattern: one module cannot compute two patterns."""
-        for flag, ids in (("--shared_attn_ids", self.shared_attn_ids),
-                          ("--shared_ff_ids", self.shared_ff_ids)):
-            if ids is None:
-                continue
-            if len(ids) != self.depth or not all(ids):
-                raise ConfigError(
-                    f"{flag} gives {len(ids)} ids for --depth {self.depth} layers",
-                    f"give one id per layer, e.g. {flag} "
-                    f"{','.join(str(i // 2) for i in range(self.depth))}")
-        if self.shared_attn_ids is None:
-            return
-        first: dict[str, int] = {}
-        for layer, key in enumerate(self.shared_attn_ids):
-            other = first.setdefault(key, layer)
-            a, b = self.layer_pattern(other), self.layer_pattern(layer)
-            if a != b:
-                raise ConfigError(
-                    f"--shared_attn_ids: layers {other} and {layer} share attention id "
-                    f"{key!r} but --attn_types gives them {a} and {b}",
-                    "share attention only between layers of the same pattern")
 
-    def layer_pattern(self, layer: int) -> str:
-        """The attention pattern of `layer`: --attn_types cycles over the depth."""
-        return self.attn_types[layer % len(self.attn_types)]
+def check_shared_ids(depth: int, attn_types: Sequence[str],
+                     shared_attn_ids: Sequence[str] | None,
+                     shared_ff_ids: Sequence[str] | None) -> None:
+    """One id per layer (DALLE-pytorch cycled a shorter list; a miscount here is far more
+    often a typo than a wish to repeat), and layers sharing an attention module run the
+    same pattern: one module cannot compute two patterns."""
+    for flag, ids in (("--shared_attn_ids", shared_attn_ids),
+                      ("--shared_ff_ids", shared_ff_ids)):
+        if ids is not None and len(ids) != depth:
+            raise ConfigError(
+                f"{flag} gives {len(ids)} ids for --depth {depth} layers",
+                f"give one id per layer, e.g. {flag} {','.join(str(i // 2) for i in range(depth))}")
+    if shared_attn_ids is None or not attn_types:
+        return
+    first: dict[str, int] = {}
+    for layer, key in enumerate(shared_attn_ids):
+        other = first.setdefault(key, layer)
+        a, b = attn_types[other % len(attn_types)], attn_types[layer % len(attn_types)]
+        if a != b:
+            raise ConfigError(
+                f"--shared_attn_ids: layers {other} and {layer} share attention id {key!r} "
+                f"but --attn_types gives them {a} and {b}",
+                "share attention only between layers of the same pattern")
 
 
 @dataclass(frozen=True)

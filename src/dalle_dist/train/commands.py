@@ -42,6 +42,7 @@ from dalle_dist.data.tokenizer import load_tokenizer
 from dalle_dist.errors import ConfigError, DataError
 from dalle_dist.model import DALLEConfig, PatternOptions, VAEConfig, build_pattern
 from dalle_dist.model.attention_paths import flex_dropout_error
+from dalle_dist.model.config import check_shared_ids
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
 from dalle_dist.train.config import ResumeConfig, RunPaths, TrainConfig, VAESchedule
 from dalle_dist.train.dalle_task import DALLETask
@@ -306,6 +307,9 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
         if k in model_args})
     for name in model_args.get("attn_types", ()):
         build_pattern(name, options)
+    if resume.source is None:  # a resumed model's depth is the checkpoint's: checked later
+        check_shared_ids(model_args.get("depth", 0), model_args.get("attn_types", ()),
+                         model_args.get("shared_attn_ids"), model_args.get("shared_ff_ids"))
     check_attn_impl(attn_impl, backend.device, model_args.get("attn_dropout", 0.0))
     paths = RunPaths.for_output(output)
     log = RunLog(paths.metrics, backend.is_root)
@@ -340,7 +344,10 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), lr_decay,
                      backend.device, attn_impl, precision=backend.precision(),
                      activation_checkpointing=activation_checkpointing)
-    n_params = sum(p.numel() for p in task.model.parameters())
+    n_params = sum(p.numel() for p in task.model.parameters())  # a shared one once
+    if activation_checkpointing:
+        log.info(f"activation checkpointing: every transformer block ({model_cfg.depth}) "
+                 "recomputes its activations in backward")
     engine = run.train(task, loader, f"training DALL-E: {n_params / 1e6:.2f}M parameters, "
                        f"{model_cfg.text_seq_len} text + {model_cfg.image_seq_len} image tokens")
     log.info(f"saved DALL-E to {paths.checkpoint}")
