@@ -67,13 +67,14 @@ class Case:
         return dalle, vae
 
 
-#: Quick: the test's three (a few seconds each on one core). Full: the bench's set.
+#: Quick: the test's four (a few seconds each on one core). Full: the bench's set.
 QUICK = (
     Case("full-fp32-b32", batch=32),
     Case("full-bf16-d256-256tok-b8", batch=8, precision="bf16", dim=256, depth=2,
          dim_head=64, text_seq_len=32, image_size=64),
     Case("axial-gather-fp32-256tok-b8", batch=8, attn_types=("axial_row", "axial_col"),
          text_seq_len=32, image_size=64),
+    Case("full-fp32-b32-checkpointed", batch=32, checkpointing=True),
 )
 FULL = (
     *QUICK,
@@ -209,7 +210,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--quick", action="store_true", help="only the test's three configs")
+    parser.add_argument("--quick", action="store_true", help="only the test's four configs")
     parser.add_argument("--only", default=None, help="comma list of case names")
     parser.add_argument("--case_timeout", type=float, default=600,
                         help="seconds for one case's process (default %(default)s)")
