@@ -167,4 +167,4 @@ def test_reversible_is_activation_checkpointing_and_shared_ids_parse() -> None:
     assert args.share_input_output_emb
     assert parser.parse_args(["train"]).shared_attn_ids is None
     text = subcommand_parser(parser, "train").format_help()
-    assert "--reversible is DALLE-pytorch's spelling; it maps to this" in " ".join(text.split())
+    assert "--reversibleisDALLE-pytorch'sspelling;itmapstothis" in "".join(text.split())
