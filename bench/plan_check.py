@@ -52,6 +52,7 @@ class Case:
     num_layers: int = 2
     hidden_dim: int = 64
     extra: dict[str, int] = field(default_factory=dict)
+    checkpointing: bool = False  # --activation_checkpointing
 
     def configs(self) -> tuple[object, object]:
         from dalle_dist.model.config import DALLEConfig, VAEConfig
@@ -66,13 +67,14 @@ class Case:
         return dalle, vae
 
 
-#: Quick: the test's three (a few seconds each on one core). Full: the bench's set.
+#: Quick: the test's four (a few seconds each on one core). Full: the bench's set.
 QUICK = (
     Case("full-fp32-b32", batch=32),
     Case("full-bf16-d256-256tok-b8", batch=8, precision="bf16", dim=256, depth=2,
          dim_head=64, text_seq_len=32, image_size=64),
     Case("axial-gather-fp32-256tok-b8", batch=8, attn_types=("axial_row", "axial_col"),
          text_seq_len=32, image_size=64),
+    Case("full-fp32-b32-checkpointed", batch=32, checkpointing=True),
 )
 FULL = (
     *QUICK,
@@ -124,7 +126,9 @@ def _train_steps(case: Case, device: str, steps: int, before_last: object = None
     dev = torch.device(device)
     vae = DiscreteVAE(vae_cfg).to(dev).eval().requires_grad_(False)
     backend = SingleBackend.on(dev, case.precision)
-    engine = backend.distribute(DALLE(dalle_cfg), lambda p: make_adam(p, 1e-3), lambda o: None)
+    model = DALLE(dalle_cfg)
+    model.transformer.set_checkpointing(case.checkpointing)
+    engine = backend.distribute(model, lambda p: make_adam(p, 1e-3), lambda o: None)
     generator = torch.Generator().manual_seed(0)
     images = torch.rand(case.batch, 3, case.image_size, case.image_size, generator=generator)
     text = torch.randint(1, case.num_text_tokens, (case.batch, case.text_seq_len),
@@ -177,7 +181,7 @@ def estimated(case: Case, device: str) -> dict[str, int]:
 
     dalle_cfg, vae_cfg = case.configs()
     rows = estimate(dalle_cfg, case.batch, 1, vae=vae_cfg, precisions=(case.precision,),
-                    device=device)
+                    device=device, activation_checkpointing=case.checkpointing)
     row = next(r for r in rows if r.backend == "single")
     peak = row.peak - (CUDA_CONTEXT_BYTES if device == "cuda" else 0)
     return {"estimated": peak, **{f"est_{k}": v for k, v in row.items.items()}}
@@ -197,6 +201,7 @@ def run_case(case: Case, device: str, timeout: float = 600) -> dict[str, object]
     est = estimated(case, device)
     return {"case": case.name, "device": device, "precision": case.precision,
             "batch": case.batch, "attn_types": list(case.attn_types),
+            "checkpointing": case.checkpointing,
             "measured": measured, **est, "ratio": round(est["estimated"] / measured, 3),
             "runtime": runtime}
 
@@ -205,7 +210,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--quick", action="store_true", help="only the test's three configs")
+    parser.add_argument("--quick", action="store_true", help="only the test's four configs")
     parser.add_argument("--only", default=None, help="comma list of case names")
     parser.add_argument("--case_timeout", type=float, default=600,
                         help="seconds for one case's process (default %(default)s)")

@@ -3,6 +3,7 @@ per session, so precision runs are compared bit for bit with the same backend's 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,7 +27,9 @@ def trained(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory
         key = (name, precision, *extra)
         if key in done:
             return done[key]
-        folder = tmp_path_factory.mktemp(f"{name}-{precision}{''.join(extra)}")
+        # (a flag's value may be a path: keep the folder name one path component)
+        label = re.sub(r"[^\w.,-]+", "_", f"{name}-{precision}{''.join(extra)}")[:120]
+        folder = tmp_path_factory.mktemp(label)
         args = ["train", "--vae_path", str(tiny_vae), *COMMON, "--precision", precision,
                 "--sample_every_n_steps", "2", "--dalle_output_file_name", str(folder / "dalle"),
                 *extra]

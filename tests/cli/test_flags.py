@@ -165,3 +165,20 @@ def test_config_flags_are_declared_only_on_their_dataclass(cls: type) -> None:
         for option in flag_of(field).option_strings(field.name):
             again = [path for declared, path in by_hand if declared == option]
             assert not again, f"{option} declared again in {again}"
+
+
+def test_reversible_is_activation_checkpointing_and_shared_ids_parse() -> None:
+    """--reversible (DALLE-pytorch) and --activation_checkpointing set one field, on train
+    and plan; shared ids are DALLE-pytorch's comma strings."""
+    parser = build_parser()
+    for command in ("train", "plan"):
+        for flag in ("--reversible", "--activation_checkpointing"):
+            assert parser.parse_args([command, flag]).activation_checkpointing
+        assert not parser.parse_args([command]).activation_checkpointing
+    args = parser.parse_args(["train", "--shared_attn_ids", "0, 0,1", "--shared_ff_ids", "a,b,a",
+                              "--share_input_output_emb"])
+    assert (args.shared_attn_ids, args.shared_ff_ids) == (("0", "0", "1"), ("a", "b", "a"))
+    assert args.share_input_output_emb
+    assert parser.parse_args(["train"]).shared_attn_ids is None
+    text = subcommand_parser(parser, "train").format_help()
+    assert "--reversibleisDALLE-pytorch'sspelling;itmapstothis" in "".join(text.split())

@@ -568,11 +568,13 @@ class DistributedBackend(ABC):
 
     @abstractmethod
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
-                   make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),
+                   make_scheduler: SchedulerFactory,
+                   shard_units: Sequence[nn.Module | list[nn.Module]] = (),
                    clip_grad_norm: float | None = None) -> Engine:
         """Wrap `module` for this backend and build its optimizer and scheduler.
 
-        shard_units: submodules a sharding backend (FSDP) may shard one by one.
+        shard_units: submodules a sharding backend (FSDP) may shard one by one; a list
+            is one unit of several modules (blocks that share a module).
         clip_grad_norm: for engines that clip inside their step (DeepSpeed).
         """
 

@@ -328,7 +328,8 @@ class DeepSpeedBackend(TorchDistributedBackend):
         return int(self.config["train_micro_batch_size_per_gpu"])
 
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
-                   make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),
+                   make_scheduler: SchedulerFactory,
+                   shard_units: Sequence[nn.Module | list[nn.Module]] = (),
                    clip_grad_norm: float | None = None) -> Engine:
         import deepspeed
 

@@ -68,7 +68,8 @@ def rank_chunk(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     return full.new_empty((0, *full.shape[1:]))
 
 
-def shard_onto(module: nn.Module, units: Sequence[nn.Module], device: torch.device,
+def shard_onto(module: nn.Module, units: Sequence[nn.Module | list[nn.Module]],
+               device: torch.device,
                policy: MixedPrecisionPolicy, rank: int, world_size: int) -> None:
     """Shard `module` (on the CPU, weights set) over `world_size` ranks on `device`, in
     place: each rank allocates and copies only its own shards.
@@ -76,7 +77,8 @@ def shard_onto(module: nn.Module, units: Sequence[nn.Module], device: torch.devi
     The CPU tensors are kept aside, the module goes to the meta device (no storage),
     `fully_shard` splits the skeleton, `to_empty` allocates this rank's shards on the
     device, and each is filled with its chunk of the CPU tensor (only that chunk crosses
-    to the device). Buffers are not sharded: each rank gets its copy back.
+    to the device). Buffers are not sharded: each rank gets its copy back. A unit given
+    as a list is one `fully_shard([...])` group: modules that share parameters.
     """
     params = {name: param.detach() for name, param in module.named_parameters()}
     buffers = {name: buffer.detach() for name, buffer in module.named_buffers()}
@@ -147,7 +149,8 @@ class FSDPBackend(TorchDistributedBackend):
                 "resume from a file all nodes share")
 
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
-                   make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),
+                   make_scheduler: SchedulerFactory,
+                   shard_units: Sequence[nn.Module | list[nn.Module]] = (),
                    clip_grad_norm: float | None = None) -> Engine:
         device = self.device
         if self.world_size > 1:

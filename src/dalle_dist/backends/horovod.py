@@ -166,7 +166,8 @@ class HorovodBackend(DistributedBackend):
         return hvd.broadcast_object(obj, root_rank=0, name=name)
 
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
-                   make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),
+                   make_scheduler: SchedulerFactory,
+                   shard_units: Sequence[nn.Module | list[nn.Module]] = (),
                    clip_grad_norm: float | None = None) -> Engine:
         import horovod.torch as hvd
 

@@ -30,7 +30,8 @@ class SingleBackend(DistributedBackend):
         pass
 
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
-                   make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),
+                   make_scheduler: SchedulerFactory,
+                   shard_units: Sequence[nn.Module | list[nn.Module]] = (),
                    clip_grad_norm: float | None = None) -> Engine:
         precision = self.precision()
         module = module.to(self.device)

@@ -38,7 +38,8 @@ class TorchBackend(TorchDistributedBackend):
     plan_terms = PlanTerms("torch DDP", cost_rank=(1,), gradient_copies=("ddp_buckets",))
 
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
-                   make_scheduler: SchedulerFactory, shard_units: Sequence[nn.Module] = (),
+                   make_scheduler: SchedulerFactory,
+                   shard_units: Sequence[nn.Module | list[nn.Module]] = (),
                    clip_grad_norm: float | None = None) -> Engine:
         device, precision = self.device, self.precision()
         module = module.to(device)

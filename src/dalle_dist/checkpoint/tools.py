@@ -257,8 +257,9 @@ def convert_checkpoint(ds_dir: str | Path, out: str | Path, force: bool = False
 
 
 def check_weights(name: str, weights: Any, model: nn.Module, flag: str, path: Path) -> int:
-    """Names and shapes equal to the model's state_dict, every value finite; returns the
-    number of values. Raises a one-line CheckpointError naming what differs."""
+    """Names and shapes equal to the model's state_dict, every value finite, the names of a
+    shared module equal; returns the number of values (a shared one once). Raises a
+    one-line CheckpointError naming what differs."""
     if not isinstance(weights, dict):
         raise CheckpointError(f"{flag} {path} has no {name} weights",
                               "the file is damaged; use another checkpoint")
@@ -284,7 +285,26 @@ def check_weights(name: str, weights: Any, model: nn.Module, flag: str, path: Pa
             raise CheckpointError(f"{flag} {path}: {name} weight {key} holds NaN or inf",
                                   "training diverged or the file is damaged; use an "
                                   "earlier checkpoint")
-    return sum(t.numel() for t in weights.values())
+    duplicates = 0
+    for names in shared_names(model):
+        for other in names[1:]:
+            if not torch.equal(weights[names[0]], weights[other]):
+                raise CheckpointError(
+                    f"{flag} {path}: {name} weights {names[0]} and {other} differ, but the "
+                    "model shares one module between those layers (--shared_attn_ids / "
+                    "--shared_ff_ids)", "the file was altered or damaged; use another "
+                    "checkpoint")
+            duplicates += weights[other].numel()
+    return sum(t.numel() for t in weights.values()) - duplicates
+
+
+def shared_names(model: nn.Module) -> list[list[str]]:
+    """state_dict names that are one tensor in `model` (a module shared by several layers
+    appears under each layer's name), in groups of two or more."""
+    groups: dict[int, list[str]] = {}
+    for key, value in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(value), []).append(key)
+    return [names for names in groups.values() if len(names) > 1]
 
 
 def verify_payload(payload: dict[str, Any], flag: str, path: Path) -> dict[str, int]:

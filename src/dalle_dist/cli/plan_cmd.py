@@ -75,7 +75,8 @@ def run_plan(args: argparse.Namespace) -> int:
         raise ConfigError("--precision is empty", f"give some of {', '.join(plan.PRECISIONS)}")
     memory = plan.parse_memory(args.gpu_memory)
     rows = plan.estimate(dalle_cfg, args.batch_size, args.gpus, vae=vae_cfg,
-                         precisions=precisions, device=args.device, attn_impl=args.attn_impl)
+                         precisions=precisions, device=args.device, attn_impl=args.attn_impl,
+                         activation_checkpointing=args.activation_checkpointing)
     advice = plan.recommend(rows, memory)
     report = _report(dalle_cfg, vae_cfg, rows, args, memory, advice)
     if args.json:
@@ -124,6 +125,7 @@ def _report(dalle_cfg: object, vae_cfg: VAEConfig, rows: list, args: argparse.Na
         "layers": [{"pattern": pattern, "path": path} for pattern, path in layers],
         "batch_size": args.batch_size, "gpus": args.gpus, "gpu_memory_bytes": memory,
         "usable_bytes": budget, "device": args.device,
+        "activation_checkpointing": args.activation_checkpointing,
         "rows": [{"backend": r.backend, "zero_stage": r.zero_stage, "precision": r.precision,
                   "gpus": r.gpus, "micro_batch": r.micro_batch, "params": r.params,
                   "grads": r.grads, "optimizer": r.optimizer, "activations": r.activations,
@@ -145,7 +147,8 @@ def _human(report: dict) -> str:
         f"DALL-E {report['parameters']['dalle'] / 1e6:.2f}M parameters, VAE "
         f"{report['parameters']['vae'] / 1e6:.2f}M (frozen); sequence {seq['length']} = "
         f"{seq['text']} text + {seq['image']} image - 1; layers: "
-        + ", ".join(f"{n} x {k}" for k, n in counts.items()) + f" on {report['device']}",
+        + ", ".join(f"{n} x {k}" for k, n in counts.items()) + f" on {report['device']}"
+        + (", each checkpointed" if report["activation_checkpointing"] else ""),
         f"global batch {report['batch_size']} on {report['gpus']} GPU(s) of "
         f"{format_bytes(report['gpu_memory_bytes'], si=True)} "
         f"({format_bytes(report['gpu_memory_bytes'])}; a plan fills "

@@ -145,7 +145,8 @@ def add_train(sub: argparse._SubParsersAction) -> None:
                         "(0: skip; default %(default)s)")
     model = p.add_argument_group("model")
     add_flags(model, DALLEConfig)
-    add_flags(model, ComputeConfig, only=["attn_impl"])  # --no_tf32: with the training flags
+    # --no_tf32: with the training flags
+    add_flags(model, ComputeConfig, only=["attn_impl", "activation_checkpointing"])
     _add_train_args(p, TrainConfig())
     add_flags(p, TrainConfig, only=["clip_grad_norm"])
     add_flags(p, ProfileConfig)
@@ -179,4 +180,5 @@ def run_train(args: argparse.Namespace) -> int:
         attn_impl=args.attn_impl, text_seq_len=text_seq_len, lr_decay=args.lr_decay,
         fidelity_images=args.fidelity_images, builtin_vae_epochs=args.builtin_vae_epochs,
         tf32=not args.no_tf32, trackers=trackers,
-        flops_profiler=from_args(ProfileConfig, args).flops_profiler, validation=validation))
+        flops_profiler=from_args(ProfileConfig, args).flops_profiler, validation=validation,
+        activation_checkpointing=args.activation_checkpointing))

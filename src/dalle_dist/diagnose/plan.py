@@ -56,7 +56,13 @@ the model. Byte counts per parameter (P = DALL-E parameters, N = GPUs):
 
 Activations are counted per layer for the path `--attn_impl` takes on the device
 (model/attention.py's resolve_impl, asked for each layer of the meta model); see
-layer_activation_bytes.
+layer_activation_bytes. With --activation_checkpointing (--reversible) a layer keeps only
+its input until backward, which recomputes one layer at a time (see `activations`).
+
+Parameters are the meta model's `parameters()`, so a module shared by several layers
+(--shared_attn_ids / --shared_ff_ids) and the tied embeddings (--share_input_output_emb)
+count once; FSDP's units are the ones train shards (Transformer.shard_groups: blocks that
+share a module are one unit).
 """
 
 from __future__ import annotations
@@ -109,9 +115,10 @@ def _terms(backend: str) -> PlanTerms:
 class MetaModel:
     """What the estimate reads of a model built on the meta device."""
 
-    shapes: dict[str, tuple[int, ...]]  # every parameter, by name
+    shapes: dict[str, tuple[int, ...]]  # every parameter, by name (a shared one once)
     linear_weights: int  # elements of every nn.Linear weight
     layer_patterns: tuple[str, ...] = ()  # each transformer layer's attention pattern
+    units: tuple[int, ...] = ()  # elements of each FSDP unit of blocks (shard_groups)
 
 
 @functools.lru_cache(maxsize=8)
@@ -119,9 +126,12 @@ def meta_dalle(c: DALLEConfig) -> MetaModel:
     """DALLE(c) built on the meta device (cached: a large model takes seconds to build)."""
     with torch.device("meta"):
         model = DALLE(c)
+    units = tuple(sum(p.numel() for p in nn.ModuleList(group).parameters())
+                  for group in model.transformer.shard_groups())
     return MetaModel({name: tuple(p.shape) for name, p in model.named_parameters()},
                      sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)),
-                     tuple(block.attn.pattern.name for block in model.transformer.blocks))
+                     tuple(block.attn.pattern.name for block in model.transformer.blocks),
+                     units)
 
 
 @functools.lru_cache(maxsize=8)
@@ -290,8 +300,14 @@ class Activations:
 
 
 def activations(c: DALLEConfig, v: VAEConfig, precision: str, device: str = "cuda",
-                attn_impl: str = "auto", whole_model: bool = False) -> Activations:
+                attn_impl: str = "auto", whole_model: bool = False,
+                checkpointing: bool = False) -> Activations:
     """The activation model of one training step (see layer_activation_bytes for a layer).
+
+    checkpointing (--activation_checkpointing): each layer keeps only its input (r d per
+    token) from forward to backward, and backward recomputes one layer at a time, so the
+    layers add depth x r d plus the largest single layer (its per-layer n x n mask too)
+    instead of the sum of all.
 
     Around the layers: the embeddings' sum (the first layer's input, counted there), the
     final norm's input (r d) and stats (8), its output copied as the logits' input (c d),
@@ -306,11 +322,17 @@ def activations(c: DALLEConfig, v: VAEConfig, precision: str, device: str = "cud
     t = Dtypes.of(precision, whole_model)
     n, d, f = _seq_len(c), c.dim, c.dim * c.ff_mult
     per_sample = fixed = masks = 0
+    per_layer = []
     for pattern, path in layer_paths(c, device, attn_impl):
         s, layer = layer_activation_bytes(c, path, pattern, t, device)
-        per_sample, fixed = per_sample + s, fixed + layer
+        per_layer.append((s, layer))
         if path in ("sdpa", "dense") and pattern != "full":
             masks += n * n
+    if checkpointing:
+        per_sample = len(per_layer) * t.residual * d * n + max(s for s, _ in per_layer)
+        fixed = max(layer for _, layer in per_layer)
+    else:
+        per_sample, fixed = sum(s for s, _ in per_layer), sum(x for _, x in per_layer)
     per_sample += (t.residual * d + 8 + t.compute * d) * n
     text_logits = c.text_seq_len * (c.num_text_tokens + c.text_seq_len)
     image_logits = c.image_fmap_size**2 * c.num_image_tokens
@@ -404,9 +426,10 @@ def _deepspeed_states(stage: int, p_bytes: int, params: int, n: int) -> tuple[in
 
 def estimate(config: DALLEConfig, batch: int, gpus: int, *, vae: VAEConfig | None = None,
              precisions: Sequence[str] = PRECISIONS, device: str = "cuda",
-             attn_impl: str = "auto") -> list[Row]:
+             attn_impl: str = "auto", activation_checkpointing: bool = False) -> list[Row]:
     """Memory per GPU of every backend x ZeRO stage x precision for a global `batch` split
-    over `gpus` (the `single` row holds the whole batch on one GPU)."""
+    over `gpus` (the `single` row holds the whole batch on one GPU), with each block
+    checkpointed under activation_checkpointing."""
     if vae is None:
         vae = VAEConfig(image_size=config.image_fmap_size * 4, num_tokens=config.num_image_tokens)
     check_plan(batch, gpus, precisions, device)
@@ -415,7 +438,7 @@ def estimate(config: DALLEConfig, batch: int, gpus: int, *, vae: VAEConfig | Non
         for backend, stage in BACKEND_ORDER:
             n = 1 if _terms(backend).one_gpu else gpus
             rows.append(_row(config, vae, backend, stage, precision, n, batch // n, device,
-                             attn_impl))
+                             attn_impl, activation_checkpointing))
     return rows
 
 
@@ -451,7 +474,8 @@ def _states(c: DALLEConfig, terms: PlanTerms, stage: int | None, p_bytes: int, n
             ) -> _States:
     shapes = dalle_parameter_shapes(c)
     params = numel(shapes.values())
-    block = numel(s for name, s in shapes.items() if name.startswith("transformer.blocks.0."))
+    units = meta_dalle(c).units
+    block = max(units)  # the largest unit of blocks (one block unless blocks share modules)
     if terms.sharding == "zero":
         stage = stage or 0
         p, g, opt = _deepspeed_states(stage, p_bytes, params, n)
@@ -473,7 +497,7 @@ def _states(c: DALLEConfig, terms: PlanTerms, stage: int | None, p_bytes: int, n
         # The root unit (all but the blocks) stays gathered from forward to the end of
         # backward, with its unsharded gradients; two blocks are gathered at a time, and
         # one block's gradients wait for their reduce-scatter.
-        root = params - c.depth * block
+        root = params - sum(units)
         return _States(4 * params // n, 4 * params // n, 8 * params // n, {},
                        gathered=4 * (2 * root + 3 * block))
     buffers = {name: 4 * params for name in terms.gradient_copies} | dict(terms.fixed_buffers)
@@ -481,11 +505,12 @@ def _states(c: DALLEConfig, terms: PlanTerms, stage: int | None, p_bytes: int, n
 
 
 def _row(c: DALLEConfig, v: VAEConfig, backend: str, stage: int | None, precision: str,
-         n: int, micro: int, device: str, attn_impl: str) -> Row:
+         n: int, micro: int, device: str, attn_impl: str, checkpointing: bool = False) -> Row:
     terms, kind = _terms(backend), PRECISION_KINDS[precision]
     p_bytes = kind.itemsize if terms.casts_model else 4
     state = _states(c, terms, stage, p_bytes, n)
-    acts = activations(c, v, precision, device, attn_impl, whole_model=terms.casts_model)
+    acts = activations(c, v, precision, device, attn_impl, whole_model=terms.casts_model,
+                       checkpointing=checkpointing)
     shapes = dalle_parameter_shapes(c)
     head = numel((shapes["to_logits.weight"], shapes["to_logits.bias"]))
     autocast = kind.dtype is not None and not terms.casts_model

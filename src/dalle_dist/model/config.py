@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dalle_dist.config_base import DictConfig, comma_list, option
@@ -105,10 +106,25 @@ class DALLEConfig(DictConfig):
         False, "DALLE-pytorch's token shift: before attention and feed-forward, half of a "
         "text position's features come from the previous token, a quarter of an image "
         "cell's from the cell above and a quarter from the cell to its left")
+    # -- sharing (DALLE-pytorch's --shared_attn_ids / --shared_ff_ids / --share_input_output_emb)
+    shared_attn_ids: tuple[str, ...] | None = option(
+        None, "comma list, one id per layer: layers with the same id share one attention "
+        "module (and must have the same attention pattern)", parse=comma_list,
+        default_text="default: no sharing")
+    shared_ff_ids: tuple[str, ...] | None = option(
+        None, "comma list, one id per layer: layers with the same id share one feed-forward "
+        "module", parse=comma_list, default_text="default: no sharing")
+    share_input_output_emb: bool = option(
+        False, "tie the text and image token embeddings to the rows of the output "
+        "projection that predict those tokens, as DALLE-pytorch does")
 
     def __post_init__(self) -> None:
         # A checkpoint stores attn_types as a list; keep the dataclass hashable and comparable.
         object.__setattr__(self, "attn_types", tuple(self.attn_types))
+        for name in ("shared_attn_ids", "shared_ff_ids"):
+            ids = getattr(self, name)
+            if ids is not None:
+                object.__setattr__(self, name, tuple(str(i) for i in ids))
 
     @property
     def image_seq_len(self) -> int:
@@ -134,6 +150,33 @@ class DALLEConfig(DictConfig):
                               "raise --dim_head or drop --rotary_emb")
         if self.shift_tokens:
             check_shift_dim(self.dim)
+        check_shared_ids(self.depth, self.attn_types, self.shared_attn_ids,
+                         self.shared_ff_ids)
+
+
+def check_shared_ids(depth: int, attn_types: Sequence[str],
+                     shared_attn_ids: Sequence[str] | None,
+                     shared_ff_ids: Sequence[str] | None) -> None:
+    """One id per layer (DALLE-pytorch cycled a shorter list; a miscount here is far more
+    often a typo than a wish to repeat), and layers sharing an attention module run the
+    same pattern: one module cannot compute two patterns."""
+    for flag, ids in (("--shared_attn_ids", shared_attn_ids),
+                      ("--shared_ff_ids", shared_ff_ids)):
+        if ids is not None and len(ids) != depth:
+            raise ConfigError(
+                f"{flag} gives {len(ids)} ids for --depth {depth} layers",
+                f"give one id per layer, e.g. {flag} {','.join(str(i // 2) for i in range(depth))}")
+    if shared_attn_ids is None or not attn_types:
+        return
+    first: dict[str, int] = {}
+    for layer, key in enumerate(shared_attn_ids):
+        other = first.setdefault(key, layer)
+        a, b = attn_types[other % len(attn_types)], attn_types[layer % len(attn_types)]
+        if a != b:
+            raise ConfigError(
+                f"--shared_attn_ids: layers {other} and {layer} share attention id {key!r} "
+                f"but --attn_types gives them {a} and {b}",
+                "share attention only between layers of the same pattern")
 
 
 @dataclass(frozen=True)
@@ -146,3 +189,8 @@ class ComputeConfig(DictConfig):
         False, "keep fp32 matmuls and convolutions in full fp32 on CUDA; by default they "
         "run in TensorFloat-32 (10-bit mantissa, several times faster on Ampere and "
         "later). No effect on CPU, or on what autocast runs in bf16/fp16")
+    activation_checkpointing: bool = option(
+        False, "recompute each transformer block's activations in backward instead of "
+        "keeping them (torch.utils.checkpoint, non-reentrant): less memory, about a third "
+        "more compute. --reversible is DALLE-pytorch's spelling; it maps to this",
+        aliases=("--reversible",))

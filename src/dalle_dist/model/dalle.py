@@ -17,6 +17,28 @@ from dalle_dist.model.transformer import Transformer
 from dalle_dist.model.vae import DiscreteVAE
 
 
+class TiedEmbedding(nn.Module):
+    """--share_input_output_emb: token embeddings read from rows [start, end) of the output
+    projection's weight, the rows whose logits predict those tokens (DALLE-pytorch's
+    SharedEmbedding). It owns no parameter: the projection is held outside the module
+    tree (a plain list), so the weight has one name (`to_logits.weight`), one gradient
+    and one optimizer state, and the module is read at call time, after any backend
+    has replaced or gathered its parameter."""
+
+    def __init__(self, linear: nn.Linear, start: int, end: int) -> None:
+        super().__init__()
+        self._linear = [linear]  # a list: not registered as a submodule
+        self.start, self.end = start, end
+
+    @property
+    def weight(self) -> Tensor:
+        """The embedding table: a view of the projection's rows."""
+        return self._linear[0].weight[self.start : self.end]
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return F.embedding(tokens, self.weight)
+
+
 class DALLE(nn.Module):
     """Text positions predict text tokens, image positions predict image tokens.
 
@@ -54,8 +76,12 @@ class DALLE(nn.Module):
         self.transformer = Transformer(c.dim, c.depth, c.heads, c.dim_head, c.ff_mult,
                                        c.attn_dropout, c.ff_dropout, c.attn_types, options,
                                        attn_impl, c.stable_softmax, c.rotary_emb,
-                                       c.shift_tokens)
+                                       c.shift_tokens, c.shared_attn_ids, c.shared_ff_ids)
         self.to_logits = nn.Linear(c.dim, self.text_vocab + c.num_image_tokens)
+        if c.share_input_output_emb:
+            self.text_emb = TiedEmbedding(self.to_logits, 0, self.text_vocab)
+            self.image_emb = TiedEmbedding(self.to_logits, self.text_vocab,
+                                           self.text_vocab + c.num_image_tokens)
         self.apply(self._init_weights)
 
     @staticmethod

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from dalle_dist.model.attention import Attention, LayerKVCache
 from dalle_dist.model.patterns import PatternOptions, SequenceLayout, build_pattern
@@ -43,9 +44,22 @@ class Block(nn.Module):
                               build_pattern(pattern_name, options), attn_impl, stable)
         self.ff_norm = nn.LayerNorm(dim)
         self.ff = FeedForward(dim, ff_mult, ff_dropout)
+        #: --activation_checkpointing: recompute this block in backward (set_checkpointing)
+        self.checkpointing = False
 
     def forward(self, x: Tensor, layout: SequenceLayout, cache: LayerKVCache | None = None,
                 positions: Tensor | None = None, rotation: Rotation | None = None) -> Tensor:
+        """With checkpointing (training, no cache) only x is kept for backward, which
+        recomputes the block, dropout masks included (the RNG state is restored). The
+        checkpoint sits inside the block's own call, so a block that is an FSDP2 unit has
+        its gather hooks outside the recomputed region (torchtitan's order)."""
+        if self.checkpointing and cache is None and torch.is_grad_enabled():
+            return checkpoint(self.residual, x, layout, None, None, rotation,
+                              use_reentrant=False)
+        return self.residual(x, layout, cache, positions, rotation)
+
+    def residual(self, x: Tensor, layout: SequenceLayout, cache: LayerKVCache | None = None,
+                 positions: Tensor | None = None, rotation: Rotation | None = None) -> Tensor:
         h = self.attn_norm(x)
         if self.shift:
             h = shift_tokens(h, layout, cache.shift.attn if cache is not None else None,
@@ -58,12 +72,26 @@ class Block(nn.Module):
         return x + self.ff(h)
 
 
+def share_modules(blocks: Sequence[Block], attribute: str, ids: Sequence[str] | None) -> None:
+    """DALLE-pytorch's --shared_attn_ids / --shared_ff_ids: every block whose id was seen
+    before takes that block's module (`attribute`) instead of its own, so the layers hold
+    one module object, one set of parameters (counted, saved and optimized once)."""
+    if ids is None:
+        return
+    if len(ids) != len(blocks):
+        raise ValueError(f"{len(ids)} shared ids for {len(blocks)} blocks")
+    first: dict[str, nn.Module] = {}
+    for block, key in zip(blocks, ids, strict=True):
+        setattr(block, attribute, first.setdefault(key, getattr(block, attribute)))
+
+
 class Transformer(nn.Module):
     def __init__(self, dim: int, depth: int, heads: int, dim_head: int, ff_mult: int,
                  attn_dropout: float, ff_dropout: float, attn_types: tuple[str, ...],
                  options: PatternOptions | None = None, attn_impl: str = "auto",
                  stable: bool = False, rotary_emb: bool = False,
-                 shift_tokens: bool = False) -> None:
+                 shift_tokens: bool = False, shared_attn_ids: Sequence[str] | None = None,
+                 shared_ff_ids: Sequence[str] | None = None) -> None:
         super().__init__()
         self.heads, self.dim_head, self.dim = heads, dim_head, dim
         options = options or PatternOptions()
@@ -74,7 +102,36 @@ class Transformer(nn.Module):
                   attn_types[i % len(attn_types)], options, attn_impl, stable, shift_tokens)
             for i in range(depth)
         )
+        share_modules(self.blocks, "attn", shared_attn_ids)
+        share_modules(self.blocks, "ff", shared_ff_ids)
         self.norm = nn.LayerNorm(dim)
+
+    def set_checkpointing(self, enabled: bool) -> None:
+        """--activation_checkpointing: every block recomputes its activations in backward."""
+        for block in self.blocks:
+            block.checkpointing = enabled
+
+    def shard_groups(self) -> list[list[Block]]:
+        """The blocks in sets that no shared module crosses, in layer order: a block that
+        shares nothing is a set of its own; blocks linked by a shared attention or
+        feed-forward module (directly or through others) form one set. FSDP shards each
+        set as one unit, so a shared module is never split over two units."""
+        owner: dict[int, int] = {}  # id(shared module) -> first block using it
+        parent = list(range(len(self.blocks)))
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                i = parent[i]
+            return i
+
+        for i, block in enumerate(self.blocks):
+            for module in (block.attn, block.ff):
+                first = owner.setdefault(id(module), i)
+                parent[root(i)] = root(first)
+        groups: dict[int, list[Block]] = {}
+        for i, block in enumerate(self.blocks):
+            groups.setdefault(root(i), []).append(block)
+        return list(groups.values())
 
     def new_cache(self, batch: int, layout: SequenceLayout, device: torch.device,
                   dtype: torch.dtype) -> nn.ModuleList:

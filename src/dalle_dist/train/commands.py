@@ -44,6 +44,7 @@ from dalle_dist.data.tokenizer import load_tokenizer
 from dalle_dist.errors import ConfigError, DataError, OutputError, Stopped
 from dalle_dist.model import DALLEConfig, PatternOptions, VAEConfig, build_pattern
 from dalle_dist.model.attention_paths import flex_dropout_error
+from dalle_dist.model.config import check_shared_ids
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
 from dalle_dist.train.config import (
     ResumeConfig,
@@ -375,13 +376,15 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
                 attn_impl: str = "auto", cache_dir: Path | None = None,
                 builtin_vae_epochs: int = BUILTIN_VAE_TRAIN.epochs, tf32: bool = True,
                 trackers: TrackerConfig | None = None, flops_profiler: bool = False,
-                validation: ValidationConfig | None = None) -> float | None:
+                validation: ValidationConfig | None = None,
+                activation_checkpointing: bool = False) -> float | None:
     """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere).
     tokenizer_cfg: --bpe_path / --hug / --chinese (a resumed checkpoint's own tokenizer
     must agree with them); tf32: fp32 matmuls and convolutions in TF32 on CUDA (set_tf32);
     trackers: W&B / TensorBoard (off: None); flops_profiler: count and time one forward and
     backward, print the table (train/flops.py) and return None without training or saving;
-    validation: the held-out part (--val_fraction) and how often its loss is measured."""
+    validation: the held-out part (--val_fraction) and how often its loss is measured;
+    activation_checkpointing: recompute each block in backward (--reversible)."""
     resume = resume or ResumeConfig()
     trackers = trackers or TrackerConfig()
     tokenizer_cfg = tokenizer_cfg or TokenizerConfig()
@@ -402,6 +405,9 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
         if k in model_args})
     for name in model_args.get("attn_types", ()):
         build_pattern(name, options)
+    if resume.source is None:  # a resumed model's depth is the checkpoint's: checked later
+        check_shared_ids(model_args.get("depth", 0), model_args.get("attn_types", ()),
+                         model_args.get("shared_attn_ids"), model_args.get("shared_ff_ids"))
     check_attn_impl(attn_impl, backend.device, model_args.get("attn_dropout", 0.0))
     # Before anything is trained or written: a bad tokenizer file must not wait for the
     # built-in VAE's training.
@@ -439,8 +445,12 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
         workers, validation.val_fraction), data_cfg, "--image_text_folder")
 
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), lr_decay,
-                     backend.device, attn_impl, precision=backend.precision())
-    n_params = sum(p.numel() for p in task.model.parameters())
+                     backend.device, attn_impl, precision=backend.precision(),
+                     activation_checkpointing=activation_checkpointing)
+    n_params = sum(p.numel() for p in task.model.parameters())  # a shared one once
+    if activation_checkpointing:
+        log.info(f"activation checkpointing: every transformer block ({model_cfg.depth}) "
+                 "recomputes its activations in backward")
     if flops_profiler:
         run.profile_flops(task, loader)
         return None

@@ -40,15 +40,18 @@ class DALLETask(Task):
     def __init__(self, config: DALLEConfig, vae: DiscreteVAE, tokenizer: Tokenizer,
                  train: TrainConfig, data: dict[str, Any], lr_decay: bool,
                  device: torch.device, attn_impl: str = "auto",
-                 precision: Precision | None = None) -> None:
+                 precision: Precision | None = None,
+                 activation_checkpointing: bool = False) -> None:
         """precision: the run's (backend.precision()), whose autocast the frozen VAE
-        encodes under; None: fp32."""
+        encodes under; None: fp32. activation_checkpointing: the trained model's blocks
+        recompute their activations in backward (inference copies need not)."""
         self.config, self.train, self.data = config, train, data
         self.precision = precision or Precision("fp32", device)
         self.learning_rate = train.learning_rate
         self.tokenizer, self.lr_decay, self.attn_impl = tokenizer, lr_decay, attn_impl
         self.vae = vae.to(device).eval().requires_grad_(False)
         self.model = self.build_model()
+        self.model.transformer.set_checkpointing(activation_checkpointing)
 
     def build_model(self) -> nn.Module:
         return DALLE(self.config, self.attn_impl)
@@ -60,8 +63,11 @@ class DALLETask(Task):
         return torch.optim.lr_scheduler.ReduceLROnPlateau(
             optimizer, mode="min", factor=0.5, patience=10, cooldown=10, min_lr=1e-6)
 
-    def shard_units(self, model: nn.Module) -> Sequence[nn.Module]:
-        return list(model.transformer.blocks)
+    def shard_units(self, model: nn.Module) -> Sequence[nn.Module | list[nn.Module]]:
+        """One unit per transformer block; blocks that share an attention or feed-forward
+        module (--shared_attn_ids / --shared_ff_ids) form one unit together."""
+        return [group[0] if len(group) == 1 else list(group)
+                for group in model.transformer.shard_groups()]
 
     def inputs(self, batch: Batch, device: torch.device, training: bool = True
                ) -> tuple[Any, ...]:

@@ -36,8 +36,9 @@ class Task(ABC):
     def make_scheduler(self, optimizer: torch.optim.Optimizer) -> Any | None:
         return None
 
-    def shard_units(self, model: nn.Module) -> Sequence[nn.Module]:
-        """Submodules FSDP shards one by one (the root is always sharded too)."""
+    def shard_units(self, model: nn.Module) -> Sequence[nn.Module | list[nn.Module]]:
+        """Submodules FSDP shards one by one (the root is always sharded too); a list is
+        one unit of several modules (fully_shard([...]): modules sharing parameters)."""
         return ()
 
     @abstractmethod
