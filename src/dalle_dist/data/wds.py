@@ -184,7 +184,8 @@ class WebDatasetLoader:
         total = sum(s.samples for s in self.index)
         held = (f"; {sum(self.held_out_counts)} held out for validation (--val_fraction "
                 f"{self.val_fraction})" if self.val_fraction > 0 else "")
-        return (f"webdataset: {total} training samples in {len(self.index)} shards, "
+        kind = "training samples" if self.val_fraction > 0 else "samples"
+        return (f"webdataset: {total} {kind} in {len(self.index)} shards, "
                 f"{self.steps} steps per epoch per rank{held}")
 
     def pipeline(self, shards: list[str], want_held_out: bool) -> Any:
