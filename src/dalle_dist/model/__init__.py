@@ -1,4 +1,4 @@
-"""Models: the discrete VAE, attention patterns, the transformer and DALLE.
+"""Models: the discrete VAE, the VQGAN, attention patterns, the transformer and DALLE.
 
 Nothing here knows about data loading or distributed backends.
 """
@@ -13,7 +13,9 @@ from dalle_dist.model.patterns import (
     SequenceLayout,
     build_pattern,
 )
+from dalle_dist.model.image_tokenizer import ImageTokenizer, image_tokenizer_from_dict
 from dalle_dist.model.vae import DiscreteVAE
+from dalle_dist.model.vqgan import VQGAN, VQGANConfig
 
 __all__ = [
     "ATTN_IMPLS",
@@ -22,8 +24,12 @@ __all__ = [
     "AttentionPattern",
     "DALLEConfig",
     "DiscreteVAE",
+    "ImageTokenizer",
     "PatternOptions",
     "SequenceLayout",
     "VAEConfig",
+    "VQGAN",
+    "VQGANConfig",
     "build_pattern",
+    "image_tokenizer_from_dict",
 ]
