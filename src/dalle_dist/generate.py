@@ -10,12 +10,13 @@ from pathlib import Path
 import torch
 
 from dalle_dist.checkpoint.load import dalle_parts, load_checkpoint
+from dalle_dist.checkpoint.taming import GENERATE_FIX, TamingConfig, check_carried_vqgan
 from dalle_dist.config_base import option
 from dalle_dist.data.images import make_grid, save_png, tensor_to_pil
 from dalle_dist.data.tokenizer import Tokenizer, tokenize
 from dalle_dist.errors import ConfigError
 from dalle_dist.fileio import ensure_writable_dir
-from dalle_dist.model import DALLE, DiscreteVAE
+from dalle_dist.model import DALLE, ImageTokenizer
 from dalle_dist.model.decoding import StaticDecoder
 
 
@@ -48,15 +49,19 @@ class GenerateConfig:
 
 @dataclass
 class Sampler:
-    """A DALL-E checkpoint ready to sample: the model, its VAE and its tokenizer."""
+    """A DALL-E checkpoint ready to sample: the model, its VAE (or VQGAN) and its tokenizer."""
 
     model: DALLE
-    vae: DiscreteVAE
+    vae: ImageTokenizer
     tokenizer: Tokenizer
 
 
-def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_path") -> Sampler:
-    """From a checkpoint file, a DeepSpeed directory, or a safetensors export."""
+def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_path",
+                 taming: TamingConfig | None = None) -> Sampler:
+    """From a checkpoint file, a DeepSpeed directory, or a safetensors export.
+
+    The checkpoint carries its image tokenizer; taming: DALLE-pytorch's --taming /
+    --vqgan_* flags, which then must name that same VQGAN (check_carried_vqgan)."""
     if Path(path).suffix in (".json", ".safetensors"):
         from dalle_dist.checkpoint.export import load_exported
 
@@ -66,6 +71,8 @@ def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_pa
                               "export the DALL-E checkpoint")
     else:
         payload = load_checkpoint(str(path), flag, "dalle")
+    if taming is not None:
+        check_carried_vqgan(payload["configs"]["vae"], taming, flag, path)
     config, vae, tokenizer = dalle_parts(payload)
     model = DALLE(config)
     model.load_state_dict(payload["weights"])
@@ -83,14 +90,18 @@ def prompt_dir_name(prompt: str) -> str:
 
 
 def generate(dalle_path: str, prompts: Sequence[str], outputs_dir: str, config: GenerateConfig,
-             device: torch.device, log: Callable[[str], None] = print) -> list[Path]:
-    """Write num_images PNGs and grid.png per prompt; returns the grid paths."""
+             device: torch.device, log: Callable[[str], None] = print,
+             taming: TamingConfig | None = None) -> list[Path]:
+    """Write num_images PNGs and grid.png per prompt; returns the grid paths.
+    taming: the --taming / --vqgan_* flags, checked against the checkpoint's VQGAN."""
     config.validate()
+    if taming is not None:
+        taming.validate(GENERATE_FIX)
     if not prompts or any(not p.strip() for p in prompts):
         raise ConfigError("--text holds an empty prompt",
                           'give some words, e.g. --text "a red circle"')
     out_root = ensure_writable_dir(outputs_dir, "--outputs_dir")
-    sampler = load_sampler(dalle_path, device)
+    sampler = load_sampler(dalle_path, device, taming=taming)
     text_seq_len = sampler.model.config.text_seq_len
     all_text = tokenize(sampler.tokenizer, prompts, text_seq_len, config.truncate_captions)
     generator = torch.Generator(device)

@@ -17,7 +17,7 @@ from dalle_dist.checkpoint.deepspeed_dir import (
 )
 from dalle_dist.checkpoint.format import check_kind, read_checkpoint_file
 from dalle_dist.data.tokenizer import Tokenizer, tokenizer_from_dict
-from dalle_dist.model import DALLEConfig, DiscreteVAE, VAEConfig
+from dalle_dist.model import DALLEConfig, ImageTokenizer, image_tokenizer_from_dict
 
 
 def read_any_checkpoint(path: str | Path, flag: str, keep_ds_dir: bool = False
@@ -46,19 +46,20 @@ def load_checkpoint(path: str | Path, flag: str, kind: str, keep_ds_dir: bool = 
     return payload
 
 
-def vae_from_checkpoint(payload: dict[str, Any]) -> DiscreteVAE:
-    """The VAE of a VAE checkpoint, or the one a DALL-E checkpoint carries, with weights."""
+def vae_from_checkpoint(payload: dict[str, Any]) -> ImageTokenizer:
+    """The VAE of a VAE checkpoint, or the image tokenizer a DALL-E checkpoint carries (its
+    DiscreteVAE or its taming VQGAN, weights included), with weights."""
     configs = payload["configs"]
     if payload["kind"] == "vae":
         config, weights = configs["model"], payload["weights"]
     else:
         config, weights = configs["vae"], payload["vae_weights"]
-    vae = DiscreteVAE(VAEConfig.from_dict(config))
+    vae = image_tokenizer_from_dict(config)
     vae.load_state_dict(weights)
     return vae
 
 
-def dalle_parts(payload: dict[str, Any]) -> tuple[DALLEConfig, DiscreteVAE, Tokenizer]:
+def dalle_parts(payload: dict[str, Any]) -> tuple[DALLEConfig, ImageTokenizer, Tokenizer]:
     """What a DALL-E checkpoint alone rebuilds: model config, its VAE and its tokenizer."""
     configs = payload["configs"]
     return (DALLEConfig.from_dict(configs["model"]), vae_from_checkpoint(payload),

@@ -60,21 +60,27 @@ class TamingConfig:
         """Whether the flags ask for a VQGAN (checked by `validate` first)."""
         return self.taming or bool(self.vqgan_model_path or self.vqgan_config_path)
 
-    def validate(self) -> None:
-        """Both paths or none; --taming alone cannot work (nothing to download from)."""
+    def validate(self, fix: str | None = None) -> None:
+        """Both paths or none; --taming alone cannot work (nothing to download from).
+        fix: what to do about --taming alone, where a command knows better (generate)."""
         model, config = self.vqgan_model_path, self.vqgan_config_path
         if self.taming and not (model or config):
             raise ConfigError(
                 "--taming needs --vqgan_model_path and --vqgan_config_path: dalle-dist "
                 "does not download pretrained VQGAN weights (DALLE-pytorch fetched "
                 "vqgan_imagenet_f16_16384)",
-                "download a taming VQGAN's last.ckpt and model.yaml, then give "
+                fix or "download a taming VQGAN's last.ckpt and model.yaml, then give "
                 "--vqgan_model_path last.ckpt --vqgan_config_path model.yaml")
         if bool(model) != bool(config):
             given, missing = (("--vqgan_model_path", "--vqgan_config_path") if model else
                               ("--vqgan_config_path", "--vqgan_model_path"))
             raise ConfigError(f"{given} needs {missing} too",
                               "give the VQGAN's checkpoint and its YAML config together")
+
+
+#: --taming alone where a DALL-E checkpoint is read: it already carries its VQGAN
+GENERATE_FIX = ("a DALL-E checkpoint carries its VQGAN: drop --taming, or give both paths "
+                "to have them checked against it")
 
 
 class LightningCallbackKey:
@@ -238,13 +244,11 @@ def check_carried_vqgan(carried: dict[str, Any], flags: TamingConfig, flag: str,
 
     if not flags.wanted:
         return
-    flags.validate()
+    flags.validate(GENERATE_FIX)
     if not is_vqgan_config(carried):
         raise ConfigError(f"{flag} {path} was trained on a dalle-dist VAE, not a VQGAN",
                           "drop --taming and the --vqgan_* flags: the checkpoint carries "
                           "its VAE")
-    if not flags.vqgan_model_path:
-        return  # --taming alone: the checkpoint's own VQGAN, as asked
     ours = VQGANConfig.from_dict(carried)
     config = read_vqgan_config(flags.vqgan_config_path, source_sha256=ours.source_sha256)
     if config != ours:

@@ -6,6 +6,7 @@ Nothing here knows about data loading or distributed backends.
 from dalle_dist.model.attention import ATTN_IMPLS
 from dalle_dist.model.config import DALLEConfig, VAEConfig
 from dalle_dist.model.dalle import DALLE
+from dalle_dist.model.image_tokenizer import ImageTokenizer, image_tokenizer_from_dict
 from dalle_dist.model.patterns import (
     PATTERNS,
     AttentionPattern,
@@ -13,7 +14,6 @@ from dalle_dist.model.patterns import (
     SequenceLayout,
     build_pattern,
 )
-from dalle_dist.model.image_tokenizer import ImageTokenizer, image_tokenizer_from_dict
 from dalle_dist.model.vae import DiscreteVAE
 from dalle_dist.model.vqgan import VQGAN, VQGANConfig
 
@@ -21,6 +21,7 @@ __all__ = [
     "ATTN_IMPLS",
     "DALLE",
     "PATTERNS",
+    "VQGAN",
     "AttentionPattern",
     "DALLEConfig",
     "DiscreteVAE",
@@ -28,7 +29,6 @@ __all__ = [
     "PatternOptions",
     "SequenceLayout",
     "VAEConfig",
-    "VQGAN",
     "VQGANConfig",
     "build_pattern",
     "image_tokenizer_from_dict",
