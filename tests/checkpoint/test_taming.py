@@ -86,3 +86,23 @@ def test_flags_need_both_paths() -> None:
         TamingConfig(vqgan_model_path="x.ckpt").validate()
     assert TamingConfig(vqgan_model_path="a", vqgan_config_path="b").wanted
     assert not TamingConfig().wanted
+
+
+def test_flags_beside_a_dalle_checkpoint_must_name_its_vqgan(tmp_path: Path) -> None:
+    """generate / a resumed train: the checkpoint's own VQGAN passes, anything else is
+    refused. Fails if --taming alone were accepted silently, if a VAE-trained checkpoint
+    took VQGAN flags, or if another config passed for the carried one."""
+    from dalle_dist.checkpoint.taming import check_carried_vqgan, file_sha256
+
+    carried = read_vqgan_config(YAML, source_sha256=file_sha256(CKPT)).to_dict()
+    same = TamingConfig(vqgan_model_path=str(CKPT), vqgan_config_path=str(YAML))
+    check_carried_vqgan(carried, same, "--dalle_path", "d.pt")
+    check_carried_vqgan(carried, TamingConfig(), "--dalle_path", "d.pt")  # no flags: fine
+    with pytest.raises(ConfigError, match="carries its VQGAN: drop --taming"):
+        check_carried_vqgan(carried, TamingConfig(taming=True), "--dalle_path", "d.pt")
+    with pytest.raises(ConfigError, match="trained on a dalle-dist VAE"):
+        check_carried_vqgan({"image_size": 32}, same, "--dalle_path", "d.pt")
+    (tmp_path / "other.yaml").write_text(YAML.read_text().replace("n_embed: 32", "n_embed: 64"))
+    other = TamingConfig(vqgan_model_path=str(CKPT), vqgan_config_path=str(tmp_path / "other.yaml"))
+    with pytest.raises(ConfigError, match="describes another VQGAN"):
+        check_carried_vqgan(carried, other, "--dalle_path", "d.pt")

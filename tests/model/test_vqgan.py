@@ -53,12 +53,17 @@ def test_interface_of_an_image_tokenizer(vqgan: VQGAN) -> None:
 
 
 def test_codebook_distances_stay_fp32_under_autocast(vqgan: VQGAN) -> None:
-    """A bf16 distance table picks other entries for near ties; fails if the quantizer
+    """Latents just past the midpoint of every pair of codebook entries: bf16 distances
+    cannot tell the two apart and pick the wrong one for some. Fails if the quantizer
     followed autocast (the encoder itself may run in bf16)."""
-    z = torch.randn(2, 4, 8, 8) * 3
+    codebook = vqgan.quantize.embedding.weight.double()
+    a, b = torch.triu_indices(len(codebook), len(codebook), offset=1)
+    latents = (codebook[a] + codebook[b]) / 2 + 1e-3 * (codebook[b] - codebook[a])
+    exact = torch.cdist(latents, codebook).argmin(-1)  # float64 reference
+    z = latents.float().t().reshape(1, -1, 16, len(a) // 16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         under = vqgan.quantize.indices(z)
-    assert torch.equal(under, vqgan.quantize.indices(z))
+    assert torch.equal(under.flatten(), exact)
 
 
 @pytest.mark.parametrize("change, fragment", [
