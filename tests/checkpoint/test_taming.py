@@ -106,3 +106,20 @@ def test_flags_beside_a_dalle_checkpoint_must_name_its_vqgan(tmp_path: Path) -> 
     other = TamingConfig(vqgan_model_path=str(CKPT), vqgan_config_path=str(tmp_path / "other.yaml"))
     with pytest.raises(ConfigError, match="describes another VQGAN"):
         check_carried_vqgan(carried, other, "--dalle_path", "d.pt")
+
+
+def test_numpy_scores_load_and_numpy_arrays_do_not(tmp_path: Path) -> None:
+    """Lightning 1.x callback state of CompVis models can hold numpy scalars (a score
+    logged as numpy): they load. An array needs numpy's reconstruct, which no checkpoint
+    of a taming model holds: refused. Fails if the dtype classes were left off the
+    allow-list (numpy >= 1.25 unpickles a dtype onto its own class) or arrays admitted."""
+    import numpy as np
+
+    state = read_taming_state_dict(CKPT)
+    torch.save({"state_dict": state, "callbacks": {"ModelCheckpoint": {
+        "best_model_score": np.float64(0.25), "current_score": np.float32(0.5)}}},
+        tmp_path / "scores.ckpt")
+    assert set(read_taming_state_dict(tmp_path / "scores.ckpt")) == set(state)
+    torch.save({"state_dict": state, "extra": np.zeros(3)}, tmp_path / "array.ckpt")
+    with pytest.raises(CheckpointError, match="carries pickled Python objects"):
+        read_taming_state_dict(tmp_path / "array.ckpt")

@@ -96,10 +96,18 @@ def _allowed_globals() -> list[Any]:
         import numpy as np
     except ImportError:  # a file that holds numpy values is then refused, in one line
         return allowed
-    from numpy.core.multiarray import scalar  # numpy 2 keeps this spelling as an alias
+    try:
+        from numpy._core.multiarray import scalar  # numpy >= 2
+    except ImportError:
+        from numpy.core.multiarray import scalar  # type: ignore[no-redef]
 
+    # Pickled by numpy 1 under its old module name, by numpy 2 under the new one.
     allowed += [(scalar, "numpy.core.multiarray.scalar"),
                 (scalar, "numpy._core.multiarray.scalar"), np.dtype]
+    # Unpickling a dtype sets state on an instance of its class (numpy >= 1.25: one class
+    # per dtype), which torch allows only by name: the numeric kinds a score can have.
+    allowed += [type(np.dtype(kind)) for kind in (np.float16, np.float32, np.float64,
+                                                   np.int32, np.int64, np.bool_)]
     return allowed
 
 
@@ -165,9 +173,12 @@ def read_taming_state_dict(path: str | Path, flag: str = "--vqgan_model_path"
 def read_vqgan_config(path: str | Path, flag: str = "--vqgan_config_path",
                       source_sha256: str = "") -> VQGANConfig:
     """model.params of a taming YAML (safe_load: plain data only) as a checked config."""
-    import yaml
-
     path = _existing_file(path, flag, "the VQGAN's model.yaml")
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError(f"reading {flag} needs PyYAML, which is not installed",
+                          "pip install 'dalle_dist[taming]'") from None
     try:
         document = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
