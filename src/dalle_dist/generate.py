@@ -11,13 +11,14 @@ from pathlib import Path
 import torch
 
 from dalle_dist.checkpoint.load import dalle_parts, load_checkpoint
+from dalle_dist.checkpoint.taming import GENERATE_FIX, TamingConfig, check_carried_vqgan
 from dalle_dist.config_base import option
 from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.data.images import make_grid, save_png, tensor_to_pil
 from dalle_dist.data.tokenizer import Tokenizer, caption_too_long, tokenize
 from dalle_dist.errors import ConfigError
 from dalle_dist.fileio import atomic_writer, ensure_writable_dir
-from dalle_dist.model import DALLE, DiscreteVAE
+from dalle_dist.model import DALLE, ImageTokenizer
 from dalle_dist.model.decoding import StaticDecoder
 
 
@@ -62,19 +63,22 @@ class GenerateConfig:
 
 @dataclass
 class Sampler:
-    """A DALL-E checkpoint ready to sample: the model, its VAE and its tokenizer."""
+    """A DALL-E checkpoint ready to sample: the model, its VAE (or VQGAN) and its tokenizer."""
 
     model: DALLE
-    vae: DiscreteVAE
+    vae: ImageTokenizer
     tokenizer: Tokenizer
 
 
 def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_path",
-                 tokenizer: TokenizerConfig | None = None) -> Sampler:
+                 tokenizer: TokenizerConfig | None = None,
+                 taming: TamingConfig | None = None) -> Sampler:
     """From a checkpoint file, a DeepSpeed directory, or a safetensors export.
 
-    tokenizer: the command's --bpe_path / --hug / --chinese; they must agree with the
-    tokenizer the checkpoint carries, and choose it only where it carries none."""
+    The checkpoint carries its image tokenizer and text tokenizer. tokenizer: the command's
+    --bpe_path / --hug / --chinese; they must agree with the tokenizer the checkpoint
+    carries, and choose it only where it carries none. taming: DALLE-pytorch's --taming /
+    --vqgan_* flags, which then must name that same VQGAN (check_carried_vqgan)."""
     if Path(path).suffix in (".json", ".safetensors"):
         from dalle_dist.checkpoint.export import load_exported
 
@@ -84,6 +88,8 @@ def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_pa
                               "export the DALL-E checkpoint")
     else:
         payload = load_checkpoint(str(path), flag, "dalle")
+    if taming is not None:
+        check_carried_vqgan(payload["configs"]["vae"], taming, flag, path)
     config, vae, tok = dalle_parts(payload, tokenizer, f"{flag} {path}")
     model = DALLE(config)
     model.load_state_dict(payload["weights"])
@@ -128,16 +134,20 @@ def complete_caption(sampler: Sampler, prompt: str, config: GenerateConfig,
 
 def generate(dalle_path: str, prompts: Sequence[str], outputs_dir: str, config: GenerateConfig,
              device: torch.device, log: Callable[[str], None] = print,
-             tokenizer: TokenizerConfig | None = None) -> list[Path]:
+             tokenizer: TokenizerConfig | None = None,
+             taming: TamingConfig | None = None) -> list[Path]:
     """Write num_images PNGs and grid.png per prompt; returns the grid paths.
-    tokenizer: --bpe_path / --hug / --chinese (see load_sampler)."""
+    tokenizer: --bpe_path / --hug / --chinese (see load_sampler); taming: the --taming /
+    --vqgan_* flags, checked against the checkpoint's VQGAN."""
     config.validate()
+    if taming is not None:
+        taming.validate(GENERATE_FIX)
     if not prompts or (not config.gentxt and any(not p.strip() for p in prompts)):
         raise ConfigError("--text holds an empty prompt",
                           'give some words, e.g. --text "a red circle", or pass --gentxt to '
                           "let the model write the caption")
     out_root = ensure_writable_dir(outputs_dir, "--outputs_dir")
-    sampler = load_sampler(dalle_path, device, tokenizer=tokenizer)
+    sampler = load_sampler(dalle_path, device, tokenizer=tokenizer, taming=taming)
     if config.cond_scale != 1.0 and not sampler.model.config.null_cond_prob:
         log(f"warning: --cond_scale {config.cond_scale} on a model trained without "
             "--null_cond_prob: it never saw the null caption, so guidance has nothing to "

@@ -129,7 +129,10 @@ def test_folder_without_vae_path_is_refused(tmp_path: Path) -> None:
     result = run_cli("train", "--image_text_folder", str(folder),
                      "--dalle_output_file_name", str(tmp_path / "dalle"), cwd=tmp_path,
                      env={"DALLE_DIST_CACHE": str(tmp_path / "cache")})
-    assert_user_error(result, "--vae_path is required")
+    # DALLE-pytorch users expect OpenAI's pretrained dVAE here: the line names it and the
+    # two ways that work (fails if the message loses either alternative).
+    assert_user_error(result, "--vae_path is required", "OpenAI's pretrained dVAE",
+                      "train-vae", "--taming --vqgan_model_path")
     # Fails if the refusal comes after a VAE was trained (into the cache) or a save began.
     assert sorted(tmp_path.rglob("*")) == before, "nothing written"
 

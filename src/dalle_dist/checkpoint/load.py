@@ -19,7 +19,7 @@ from dalle_dist.checkpoint.format import check_kind, read_checkpoint_file
 from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.data.tokenizer import Tokenizer, resolve_tokenizer
 from dalle_dist.errors import CheckpointError
-from dalle_dist.model import DALLEConfig, DiscreteVAE, VAEConfig
+from dalle_dist.model import DALLEConfig, ImageTokenizer, image_tokenizer_from_dict
 
 
 def read_any_checkpoint(path: str | Path, flag: str, keep_ds_dir: bool = False
@@ -48,21 +48,23 @@ def load_checkpoint(path: str | Path, flag: str, kind: str, keep_ds_dir: bool = 
     return payload
 
 
-def vae_from_checkpoint(payload: dict[str, Any]) -> DiscreteVAE:
-    """The VAE of a VAE checkpoint, or the one a DALL-E checkpoint carries, with weights."""
+def vae_from_checkpoint(payload: dict[str, Any]) -> ImageTokenizer:
+    """The VAE of a VAE checkpoint, or the image tokenizer a DALL-E checkpoint carries (its
+    DiscreteVAE or its taming VQGAN, weights included), with weights."""
     configs = payload["configs"]
     if payload["kind"] == "vae":
         config, weights = configs["model"], payload["weights"]
     else:
         config, weights = configs["vae"], payload["vae_weights"]
-    vae = DiscreteVAE(VAEConfig.from_dict(config))
+    vae = image_tokenizer_from_dict(config)
     vae.load_state_dict(weights)
     return vae
 
 
 def dalle_parts(payload: dict[str, Any], tokenizer: TokenizerConfig | None = None,
-                where: str = "the checkpoint") -> tuple[DALLEConfig, DiscreteVAE, Tokenizer]:
-    """What a DALL-E checkpoint alone rebuilds: model config, its VAE and its tokenizer.
+                where: str = "the checkpoint") -> tuple[DALLEConfig, ImageTokenizer, Tokenizer]:
+    """What a DALL-E checkpoint alone rebuilds: model config, its image tokenizer (VAE or
+    VQGAN) and its text tokenizer.
 
     `tokenizer`: the tokenizer flags of the command (--bpe_path, --hug, --chinese), which
     must agree with the tokenizer the checkpoint carries, and name it only where the

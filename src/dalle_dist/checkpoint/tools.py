@@ -30,7 +30,7 @@ from dalle_dist.checkpoint.format import read_checkpoint_file, write_checkpoint_
 from dalle_dist.checkpoint.load import read_any_checkpoint
 from dalle_dist.errors import CheckpointError, ConfigError, OutputError
 from dalle_dist.fileio import ensure_writable_file
-from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
+from dalle_dist.model import DALLE, DALLEConfig, image_tokenizer_from_dict
 
 #: How many names an error lists before "(+N more)": the message stays one line.
 LISTED = 4
@@ -67,7 +67,7 @@ def meta_model(name: str, config: dict[str, Any], flag: str, path: Path) -> nn.M
         with torch.device("meta"):
             if name == "dalle":
                 return DALLE(DALLEConfig.from_dict(config))
-            return DiscreteVAE(VAEConfig.from_dict(config))
+            return image_tokenizer_from_dict(config)  # a DiscreteVAE or a VQGAN
     except (TypeError, ValueError, ConfigError) as exc:
         raise CheckpointError(f"{flag} {path} has a {name} config that does not build a "
                               f"model ({str(exc).splitlines()[0]})",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dalle_dist.backends.config import DistributedConfig
+from dalle_dist.checkpoint.taming import TamingConfig
 from dalle_dist.config_base import add_flags, from_args
 from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.generate import GenerateConfig
@@ -23,6 +24,9 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
         "one it carries)"), TokenizerConfig)
     p.add_argument("--outputs_dir", default="outputs", help="default %(default)s")
     add_flags(p, DistributedConfig, only=["device"])
+    add_flags(p.add_argument_group(
+        "VQGAN (optional: a DALL-E checkpoint carries its VQGAN; given, they must name it)"),
+        TamingConfig)
     p.set_defaults(run=run_generate)
 
 
@@ -35,7 +39,8 @@ def run_generate(args: argparse.Namespace) -> int:
     config = from_args(GenerateConfig, args)
     device = SingleBackend.on(torch.device(args.device) if args.device else None).device
     grids = generate(args.dalle_path, split_prompts(args.text), args.outputs_dir, config, device,
-                     tokenizer=from_args(TokenizerConfig, args))
+                     tokenizer=from_args(TokenizerConfig, args),
+                     taming=from_args(TamingConfig, args))
     for grid in grids:
         print(f"grid: {grid}")
     return 0

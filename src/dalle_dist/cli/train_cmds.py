@@ -15,6 +15,7 @@ from dalle_dist.backends import (
     add_backend_arguments,
     backend_from_config,
 )
+from dalle_dist.checkpoint.taming import TamingConfig
 from dalle_dist.cli.exits import report_and_exit
 from dalle_dist.config_base import add_flags, flag_values, from_args
 from dalle_dist.data import DataConfig
@@ -135,6 +136,8 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     _add_data_args(p, ["--image_text_folder"], "folder of name.png + name.txt pairs")
     p.add_argument("--vae_path", help="trained VAE checkpoint (from dalle-dist train-vae)")
     p.add_argument("--dalle_path", help="DALL-E checkpoint to resume from")
+    add_flags(p.add_argument_group("VQGAN image tokenizer (taming-transformers), instead of "
+                                   "a VAE"), TamingConfig)
     add_flags(p, TokenizerConfig)
     add_flags(p, DataConfig, only=["truncate_captions"])
     add_flags(p.add_argument_group("validation"), ValidationConfig)
@@ -181,4 +184,5 @@ def run_train(args: argparse.Namespace) -> int:
         fidelity_images=args.fidelity_images, builtin_vae_epochs=args.builtin_vae_epochs,
         tf32=not args.no_tf32, trackers=trackers,
         flops_profiler=from_args(ProfileConfig, args).flops_profiler, validation=validation,
-        activation_checkpointing=args.activation_checkpointing))
+        activation_checkpointing=args.activation_checkpointing,
+        taming=from_args(TamingConfig, args)))

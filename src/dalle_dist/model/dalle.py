@@ -11,10 +11,10 @@ from torch import Tensor, nn
 from dalle_dist.model.attention import LayerKVCache
 from dalle_dist.model.config import DALLEConfig
 from dalle_dist.model.decoding import StaticDecoder
+from dalle_dist.model.image_tokenizer import ImageTokenizer
 from dalle_dist.model.patterns import PatternOptions, SequenceLayout
 from dalle_dist.model.sampling import guide, null_text, sample_tokens
 from dalle_dist.model.transformer import Transformer
-from dalle_dist.model.vae import DiscreteVAE
 
 
 class TiedEmbedding(nn.Module):
@@ -266,7 +266,7 @@ class DALLE(nn.Module):
     def generate_images(
         self,
         text: Tensor,
-        vae: DiscreteVAE,
+        vae: ImageTokenizer,
         filter_thres: float = 0.5,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,

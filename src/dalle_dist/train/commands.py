@@ -29,6 +29,7 @@ from dalle_dist.checkpoint.resume import (
     restore_training,
 )
 from dalle_dist.checkpoint.rng import capture_rng, restore_rng
+from dalle_dist.checkpoint.taming import TamingConfig, check_carried_vqgan, load_vqgan
 from dalle_dist.data import (
     CaptionCollate,
     DataConfig,
@@ -377,22 +378,30 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
                 builtin_vae_epochs: int = BUILTIN_VAE_TRAIN.epochs, tf32: bool = True,
                 trackers: TrackerConfig | None = None, flops_profiler: bool = False,
                 validation: ValidationConfig | None = None,
-                activation_checkpointing: bool = False) -> float | None:
+                activation_checkpointing: bool = False,
+                taming: TamingConfig | None = None) -> float | None:
     """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere).
     tokenizer_cfg: --bpe_path / --hug / --chinese (a resumed checkpoint's own tokenizer
     must agree with them); tf32: fp32 matmuls and convolutions in TF32 on CUDA (set_tf32);
     trackers: W&B / TensorBoard (off: None); flops_profiler: count and time one forward and
     backward, print the table (train/flops.py) and return None without training or saving;
     validation: the held-out part (--val_fraction) and how often its loss is measured;
-    activation_checkpointing: recompute each block in backward (--reversible)."""
+    activation_checkpointing: recompute each block in backward (--reversible); taming: a
+    taming VQGAN as the image tokenizer instead of a VAE (--taming, --vqgan_*)."""
     resume = resume or ResumeConfig()
     trackers = trackers or TrackerConfig()
     tokenizer_cfg = tokenizer_cfg or TokenizerConfig()
     validation = validation or ValidationConfig()
+    taming = taming or TamingConfig()
     train_cfg.validate()
     resume.validate()
     trackers.validate()
     validation.validate()
+    taming.validate()
+    if vae_path and taming.wanted:
+        raise ConfigError("--vae_path and --taming/--vqgan_* both name the image tokenizer",
+                          "give a dalle-dist VAE with --vae_path, or a taming VQGAN with "
+                          "--vqgan_model_path and --vqgan_config_path")
     if vae_path and resume.source and resume.source != "auto":
         raise ConfigError(f"--vae_path and {resume.flag} cannot be combined",
                           "a DALL-E checkpoint carries its VAE; drop --vae_path")
@@ -418,20 +427,34 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
                          paths, log, tf32, trackers)
     run.val_every_n_steps = validation.val_every_n_steps
     if run.payload is not None:
+        check_carried_vqgan(run.payload["configs"]["vae"], taming, resume.flag,
+                            run.payload["loaded_from"])
         model_cfg, vae, tokenizer = backend.everywhere("the checkpoint's tokenizer", lambda: (
             dalle_parts(run.payload, tokenizer_cfg, str(run.payload["loaded_from"]))))
         if vae_path:
             log.info("the checkpoint carries its VAE: --vae_path is not used")
     else:
-        if vae_path:
+        if taming.wanted:
+            vae = backend.everywhere("the VQGAN load", lambda: load_vqgan(
+                taming.vqgan_model_path, taming.vqgan_config_path))
+            log.info(f"image tokens from the VQGAN {taming.vqgan_model_path}: "
+                     f"{vae.config.image_size}px -> {vae.config.fmap_size}x"
+                     f"{vae.config.fmap_size} tokens of {vae.config.num_tokens}")
+        elif vae_path:
             vae = backend.everywhere("the VAE load", lambda: vae_from_checkpoint(
                 load_checkpoint(vae_path, "--vae_path", "vae")))
         elif data_cfg.builtin:
             vae = vae_from_checkpoint(builtin_vae_payload(data_cfg, backend, log, cache_dir,
                                                           builtin_vae_epochs, tf32))
         else:
-            raise ConfigError("--vae_path is required with --image_text_folder",
-                              "train one first with dalle-dist train-vae --image_folder ...")
+            # DALLE-pytorch falls back on OpenAI's pretrained dVAE here, downloaded at run
+            # time; dalle-dist downloads no weights, so it names what works instead.
+            raise ConfigError(
+                "--vae_path is required with --image_text_folder (DALLE-pytorch would "
+                "download OpenAI's pretrained dVAE here; dalle-dist downloads no weights)",
+                "train one with dalle-dist train-vae --image_folder ... and give --vae_path, "
+                "or use a taming VQGAN: --taming --vqgan_model_path last.ckpt "
+                "--vqgan_config_path model.yaml")
         tokenizer = requested
         model_cfg = DALLEConfig(num_text_tokens=tokenizer.vocab_size, text_seq_len=text_seq_len,
                                 num_image_tokens=vae.config.num_tokens,

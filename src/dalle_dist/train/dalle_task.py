@@ -17,7 +17,7 @@ from dalle_dist.backends import Engine
 from dalle_dist.backends.precision import Precision
 from dalle_dist.data.images import make_grid
 from dalle_dist.data.tokenizer import Tokenizer
-from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE
+from dalle_dist.model import DALLE, DALLEConfig, ImageTokenizer
 from dalle_dist.train.config import TrainConfig
 from dalle_dist.train.task import Batch, Task
 
@@ -37,14 +37,16 @@ def null_captions(text: torch.Tensor, prob: float) -> torch.Tensor:
 class DALLETask(Task):
     kind = "dalle"
 
-    def __init__(self, config: DALLEConfig, vae: DiscreteVAE, tokenizer: Tokenizer,
+    def __init__(self, config: DALLEConfig, vae: ImageTokenizer, tokenizer: Tokenizer,
                  train: TrainConfig, data: dict[str, Any], lr_decay: bool,
                  device: torch.device, attn_impl: str = "auto",
                  precision: Precision | None = None,
                  activation_checkpointing: bool = False) -> None:
-        """precision: the run's (backend.precision()), whose autocast the frozen VAE
-        encodes under; None: fp32. activation_checkpointing: the trained model's blocks
-        recompute their activations in backward (inference copies need not)."""
+        """vae: the frozen image tokenizer (a DiscreteVAE or a taming VQGAN), saved
+        whole in every checkpoint; precision: the run's (backend.precision()), whose
+        autocast the frozen VAE encodes under; None: fp32. activation_checkpointing: the
+        trained model's blocks recompute their activations in backward (inference copies
+        need not)."""
         self.config, self.train, self.data = config, train, data
         self.precision = precision or Precision("fp32", device)
         self.learning_rate = train.learning_rate

@@ -9,7 +9,7 @@ import torch
 from dalle_dist.data.scorer import fidelity
 from dalle_dist.data.shapes import ShapesDataset
 from dalle_dist.data.tokenizer import Tokenizer, tokenize
-from dalle_dist.model import DALLE, DiscreteVAE
+from dalle_dist.model import DALLE, ImageTokenizer
 
 #: Held-out captions come from a seed no training run uses by default.
 HELD_OUT_SEED_OFFSET = 1_000_003
@@ -27,7 +27,7 @@ class FidelityResult:
 
 
 @torch.no_grad()
-def evaluate_fidelity(model: DALLE, vae: DiscreteVAE, tokenizer: Tokenizer, count: int,
+def evaluate_fidelity(model: DALLE, vae: ImageTokenizer, tokenizer: Tokenizer, count: int,
                       data_seed: int, device: torch.device, filter_thres: float = 0.9,
                       temperature: float = 1.0, batch_size: int = 64,
                       seed: int = 0, cond_scale: float = 1.0) -> FidelityResult:
