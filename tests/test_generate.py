@@ -4,6 +4,7 @@ tokenizer flags agree with the checkpoint's or stop before anything is written."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +134,37 @@ def test_prompt_folders_keep_letters_of_any_script() -> None:
     assert prompt_dir_name("一只狗在沙滩上奔跑。") == "一只狗在沙滩上奔跑"
     assert prompt_dir_name("一只狗") != prompt_dir_name("一只猫")
     assert prompt_dir_name("?!") == "prompt"
+
+
+@pytest.mark.parametrize("null_cond_prob", [0.0, 0.1])
+def test_guided_generate_warns_once_on_a_model_never_shown_the_null_caption(
+        tmp_path: Path, null_cond_prob: float) -> None:
+    """--cond_scale 3 samples what model.generate_images(cond_scale=3) samples, for every
+    prompt; on a checkpoint trained without --null_cond_prob one warning line is printed
+    (once per run, not per prompt or batch), and none when the model learned the null
+    caption. Bugs caught: --cond_scale not reaching the sampler (images equal unguided
+    ones), the warning printed per prompt, or printed for a model that has the null
+    caption."""
+    model, vae, tok = tiny_parts()
+    model.config = replace(model.config, null_cond_prob=null_cond_prob)  # as trained
+    ckpt = write_dalle(tmp_path / "d.pt", model, vae, tok)
+    config = GenerateConfig(num_images=2, batch_size=1, top_k=0.5, seed=3, cond_scale=3.0)
+    lines: list[str] = []
+    prompts = ["a red box", "a blue dot"]
+    grids = generate(str(ckpt), prompts, str(tmp_path / "out"), config, CPU, lines.append)
+    warnings = [line for line in lines if line.startswith("warning:")]
+    assert len(warnings) == (1 if null_cond_prob == 0 else 0), lines
+    if warnings:
+        assert "--cond_scale 3.0" in warnings[0] and "--null_cond_prob" in warnings[0]
+
+    generator = torch.Generator().manual_seed(3)
+    for prompt, grid in zip(prompts, grids, strict=True):
+        text = tokenize(tok, [prompt], 12)
+        want = torch.cat([model.generate_images(text, vae, 0.5, 1.0, generator, cond_scale=3.0)
+                          for _ in range(2)])
+        got = torch.stack([png_tensor(grid.parent / f"{i}.png")[0] for i in range(2)])
+        assert torch.allclose(got, want, atol=0.5 / 255 + 1e-6), prompt
+    generator = torch.Generator().manual_seed(3)
+    unguided = model.generate_images(tokenize(tok, prompts[:1], 12), vae, 0.5, 1.0, generator)
+    first = png_tensor(grids[0].parent / "0.png")[0]
+    assert not torch.allclose(first, unguided[0], atol=2 / 255)
