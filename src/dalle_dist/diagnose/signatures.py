@@ -55,7 +55,10 @@ Categories
     horovod-not-built             Horovod absent, or built without torch / Gloo / MPI.
     nccl-comm                     ranks cannot talk: NCCL errors, collective timeouts,
                                   rendezvous store connections.
-    sparse-attn-triton            DeepSpeed's sparse attention or Triton cannot load.
+    sparse-attn-triton            DeepSpeed's sparse attention or Triton cannot load or run
+                                  (missing, a version torch or DeepSpeed does not
+                                  expect, torch.compile's inductor finding none); a
+                                  library that only notes Triton is absent is benign.
     zero-checkpoint               a DeepSpeed ZeRO checkpoint that is incomplete or was
                                   saved by another number of ranks.
     fp16-overflow                 fp16 training diverged: the loss scale collapsed to its
