@@ -266,14 +266,28 @@ def test_engine_wordings_beyond_the_dev_repositories(line: str, category: str) -
      "is too old.", "sparse-attn-triton"),
     ("ImportError: DLL load failed while importing libtriton: The specified module could "
      "not be found.", "sparse-attn-triton"),
+    ("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB", "cuda-oom"),
+    ("RuntimeError: MPS backend out of memory (MPS allocated: 17.00 GB)", "cuda-oom"),
+    ("RuntimeError: Attempting to deserialize object on a CUDA device but "
+     "torch.cuda.is_available() is False. If you are running on a CPU-only machine, please "
+     "use torch.load with map_location=torch.device('cpu')", "cuda-unavailable-or-mismatch"),
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:799] connect "
+     "[127.0.1.1]:45123: Connection refused", "nccl-comm"),
+    ("RuntimeError: Socket Timeout", "nccl-comm"),
+    ("FloatingPointError: Loss became infinite or NaN at iteration=12!", "other"),
+    ("cfg.SOLVER.AMP.ENABLED=True --fp16\nFloatingPointError: Loss became infinite or NaN "
+     "at iteration=12!", "fp16-overflow"),
 ], ids=["accelerate-ds", "lightning-ds", "transformers-six", "megatron-batch",
         "microbatch-multiple", "zero3-size0-listing", "notebook-ninja", "min-loss-scale",
-        "triton-name", "inductor-triton", "libtriton"])
+        "triton-name", "inductor-triton", "libtriton", "rocm-oom", "mps-oom",
+        "deserialize-no-cuda", "gloo-refused", "c10d-socket-timeout", "detectron-nan",
+        "detectron-nan-fp16"])
 def test_wordings_of_other_frameworks(line: str, category: str) -> None:
     """The same failures as accelerate, Lightning, transformers' lazy imports, Megatron,
-    NeMo, a ZeRO-3 state dict listing, a notebook traceback, fairseq and torch's inductor
-    word them (issue 15, learnt from the outside set, re-worded here): fails when a
-    signature keys on one project's sentence only."""
+    NeMo, a ZeRO-3 state dict listing, a notebook traceback, fairseq, torch's inductor,
+    ROCm/MPS torch, torch.load, gloo, the c10d store and detectron2 word them (issue 15;
+    some learnt from the outside set, re-worded here): fails when a signature keys on one
+    project's sentence only."""
     assert diagnose(line).category == category
 
 

@@ -205,7 +205,8 @@ SIGNATURES: tuple[Signature, ...] = (
          r"CUBLAS_STATUS_ALLOC_FAILED",
          r"CUDA out of memory\.",
          r"CUDA_ERROR_OUT_OF_MEMORY",
-         r"Failed to CUDA calloc \d+ bytes"),
+         r"Failed to CUDA calloc \d+ bytes",
+         r"(?:HIP|MPS backend) out of memory"),   # torch on ROCm and Apple GPUs
         "a GPU ran out of memory",
         "lower --batch_size (or raise --ga_steps to keep the global batch), "
         "train in bf16/fp16, "
@@ -255,7 +256,8 @@ SIGNATURES: tuple[Signature, ...] = (
          r"ProcessGroupNCCL is only supported with GPUs, no GPUs found",
          r"torch\.cuda\.is_available\(\)[\s:=>-]*False",
          r"CUDA driver initialization failed, you might not have a CUDA gpu",
-         r"CUDA-capable device\(s\) is/are busy or unavailable"),
+         r"CUDA-capable device\(s\) is/are busy or unavailable",
+         r"Attempting to deserialize object on a CUDA device but torch\.cuda\.is_available"),
         "torch sees no usable GPU: CUDA_VISIBLE_DEVICES hides them, the container has none, "
         "the driver did not initialise, or the GPUs are in exclusive mode and taken",
         "check CUDA_VISIBLE_DEVICES and that the job (docker --gpus all, Slurm --gres=gpu:N) "
@@ -663,7 +665,8 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "fp16-nan-loss", "fp16-overflow",
         (_NAN_LOSS,
-         r"returned nan values in its \d+th output"),
+         r"returned nan values in its \d+th output",
+         r"Loss became infinite or NaN"),   # detectron2's trainer
         "the loss became NaN with fp16 on: activations or gradients overflowed fp16's range",
         "train in bf16 (--precision bf16) if the GPU has it; else lower the learning rate, "
         "keep --clip_grad_norm, and resume from a checkpoint saved before the NaN",
@@ -732,6 +735,7 @@ SIGNATURES: tuple[Signature, ...] = (
          r"RendezvousConnectionError",
          r"The connection to the C10d store has failed",
          r"RendezvousTimeoutError",
+         r"\bSocket Timeout\b",
          r"Wait timeout for key",
          r"wait timeout after \d+ ?ms, keys",
          r"Timed out initializing process group in store based barrier",
@@ -782,7 +786,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "gloo-timeout", "nccl-comm",
         (r"Timed out waiting \d+ ?ms for (?:recv|send) operation to complete",
          r"gloo/transport/tcp/\w+\.cc:\d+\].*(?:Connection (?:closed|reset) by peer|"
-         r"Timed out|Connect timeout)",
+         r"Timed out|Connect timeout|Connection refused)",
          r"gloo::IoException",
          r"gloo::EnforceNotMet"),
         "a gloo collective (CPU training, or Horovod's coordination over gloo) waited past its "
@@ -861,7 +865,8 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "nan-loss", "other",
         (_NAN_LOSS,
-         r"returned nan values in its \d+th output"),
+         r"returned nan values in its \d+th output",
+         r"Loss became infinite or NaN"),   # detectron2's trainer
         "the loss became NaN without fp16: the learning rate is too high or a batch holds "
         "bad values",
         "lower --learning_rate, keep --clip_grad_norm, and check the data; resume from a "
