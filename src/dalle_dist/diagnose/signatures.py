@@ -308,7 +308,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "triton-unusable", "sparse-attn-triton",
         (r"Cannot find a working triton installation",
-         r"cannot import name '?\w+'? from '?triton(?:\.\w+)*'?",
+         r"cannot import name '?\w+'? from '?triton(?:\.\w+)*(?:'|\s|$)",
          r"No module named '?triton[.\s]+\w",
          r"(?:DLL load failed while importing|ImportError: [^\n]*)\blibtriton",
          r"too old to be supported by the triton GPU compiler"),
@@ -643,7 +643,10 @@ SIGNATURES: tuple[Signature, ...] = (
          r"(?:Train batch size|Micro batch size per gpu|Gradient accumulation steps): -?\d+ "
          r"has to be greater than 0",
          r"(?i)\bbatch[ _]?size\b[^\n]*\b(?:is not|must be) (?:a multiple of|divisible by)",
-         r"(?i)\b(?:is not|must be) (?:a multiple of|divisible by)\b[^\n]*"
+         # (each with a literal run, so the prefilter skips lines without it)
+         r"(?i)\bis not (?:a multiple of|divisible by)\b[^\n]*"
+         r"\b(?:micro[ _-]?batch|batch[ _]?size)",
+         r"(?i)\bmust be (?:a multiple of|divisible by)\b[^\n]*"
          r"\b(?:micro[ _-]?batch|batch[ _]?size)"),
         "the batch size does not split over ranks and gradient accumulation steps "
         "(global batch = micro batch x --ga_steps x ranks)",
