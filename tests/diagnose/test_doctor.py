@@ -148,6 +148,10 @@ EXPECTED_SIGNATURE: dict[str, str | None] = {
 UNREACHED = {
     "deepspeed-version-pin": "issue 15's version-pin shape; no pasted pin error found in the "
                              "dev repositories yet",
+    "torch-ext-cuda-mismatch": "torch's extension-builder wording, from its source; no real "
+                               "log yet (test_doctor_real's wordings test reads it)",
+    "apex-build-cuda-mismatch": "Apex setup.py's wording, from its source; no real log yet "
+                                "(test_doctor_real's wordings test reads it)",
 }
 
 # The real `dalle-dist` in a fresh process, reporting the heavy modules it loaded while

@@ -277,11 +277,17 @@ def test_engine_wordings_beyond_the_dev_repositories(line: str, category: str) -
     ("FloatingPointError: Loss became infinite or NaN at iteration=12!", "other"),
     ("cfg.SOLVER.AMP.ENABLED=True --fp16\nFloatingPointError: Loss became infinite or NaN "
      "at iteration=12!", "fp16-overflow"),
+    ("Collecting deepspeed\nRuntimeError: The detected CUDA version (12.1) mismatches the "
+     "version that was used to compile PyTorch (11.8). Please make sure to use the same CUDA "
+     "versions.", "deepspeed-op-build"),
+    ("RuntimeError: Cuda extensions are being compiled with a version of Cuda that does not "
+     "match the version used to compile Pytorch binaries.  Pytorch binaries were compiled "
+     "with Cuda 11.3.", "apex-missing-or-wrong"),
 ], ids=["accelerate-ds", "lightning-ds", "transformers-six", "megatron-batch",
         "microbatch-multiple", "zero3-size0-listing", "notebook-ninja", "min-loss-scale",
         "triton-name", "inductor-triton", "libtriton", "rocm-oom", "mps-oom",
         "deserialize-no-cuda", "gloo-refused", "c10d-socket-timeout", "detectron-nan",
-        "detectron-nan-fp16"])
+        "detectron-nan-fp16", "torch-ext-cuda-ds", "apex-build-cuda"])
 def test_wordings_of_other_frameworks(line: str, category: str) -> None:
     """The same failures as accelerate, Lightning, transformers' lazy imports, Megatron,
     NeMo, a ZeRO-3 state dict listing, a notebook traceback, fairseq, torch's inductor,

@@ -372,6 +372,18 @@ SIGNATURES: tuple[Signature, ...] = (
         "install the toolkit matching torch.version.cuda (or a torch matching the "
         "toolkit) and point CUDA_HOME at it",
         'nvcc --version; python -c "import torch; print(torch.version.cuda)"'),
+    # torch's own check when any C++/CUDA extension builds; a DeepSpeed op when DeepSpeed
+    # is in the log (Apex's build says it in its own words, apex-build-cuda-mismatch).
+    Signature(
+        "torch-ext-cuda-mismatch", "deepspeed-op-build",
+        (r"The detected CUDA version \([\d.]+\) mismatches the version that was used to "
+         r"compile PyTorch",),
+        "the CUDA toolkit (nvcc) that builds DeepSpeed's op differs from the CUDA torch was "
+        "built with, and torch's extension builder refuses it",
+        "install the toolkit matching torch.version.cuda (or a torch matching the toolkit) "
+        "and point CUDA_HOME at it; or use a DeepSpeed wheel with prebuilt ops",
+        'nvcc --version; python -c "import torch; print(torch.version.cuda)"',
+        requires=(r"(?i)deepspeed",)),
     Signature(
         "ds-ninja-missing", "deepspeed-op-build",
         (r"Unable to JIT load the (?P<op>\w+) op due to ninja not being installed",
@@ -567,6 +579,15 @@ SIGNATURES: tuple[Signature, ...] = (
         "pip uninstall apex; use native mixed precision (--precision fp16 or bf16) instead "
         "of Apex amp",
         'python -c "import apex, sys; print(apex.__file__, hasattr(apex, \'amp\'))"'),
+    Signature(
+        "apex-build-cuda-mismatch", "apex-missing-or-wrong",
+        (r"Cuda extensions are being compiled with a version of Cuda that does not match the "
+         r"version used to compile Pytorch binaries",),
+        "NVIDIA Apex's extensions did not build: the CUDA toolkit (nvcc) differs from the "
+        "CUDA torch was built with, so Apex is missing or lacks its extensions",
+        "use native mixed precision (--precision fp16 or bf16), which needs no Apex; or "
+        "install the toolkit matching torch.version.cuda and rebuild Apex",
+        'nvcc --version; python -c "import torch; print(torch.version.cuda)"'),
     Signature(
         "apex-extensions-missing", "apex-missing-or-wrong",
         (r"No module named '?(?P<ext>amp_C|apex_C|fused_layer_norm_cuda|fused_adam_cuda|"
