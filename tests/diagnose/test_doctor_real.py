@@ -28,7 +28,7 @@ from dalle_dist.diagnose.signatures import BENIGN, CATEGORIES, UNKNOWN
 
 REAL = Path(__file__).parent / "real"
 #: The least accuracy each real set must reach.
-THRESHOLDS = {"dev": 0.97, "outside": 0.79, "heldout": 0.9}
+THRESHOLDS = {"dev": 0.97, "outside": 0.97, "heldout": 0.9}
 #: Sets expected but not merged yet (collected on another branch).
 PENDING_SETS = {"heldout"}
 PRESENT = real_sets(REAL)
@@ -238,3 +238,109 @@ def test_engine_wordings_beyond_the_dev_repositories(line: str, category: str) -
     reporting SIGBUS, a stale JIT build): fails when a signature keys on one library's
     sentence only."""
     assert diagnose(line).category == category
+
+
+@pytest.mark.parametrize(("line", "category"), [
+    ("ImportError: DeepSpeed is not available => install it using `pip3 install deepspeed` "
+     "or build it from source", "deepspeed-missing"),
+    ("lightning.fabric.utilities.exceptions.MisconfigurationException: To use the "
+     "`DeepSpeedStrategy`, you must have DeepSpeed installed. Install it by running "
+     "`pip install -U deepspeed`.", "deepspeed-missing"),
+    ("RuntimeError: Failed to import transformers.models.llama.modeling_llama because of "
+     "the following error (look up to see its traceback):\nNo module named 'torch._six'",
+     "deepspeed-missing"),
+    ("AssertionError: global batch size (12) is not divisible by micro batch size (4) times "
+     "data parallel size (2)", "batch-size"),
+    ("AssertionError: Data dict size (6) is not a multiple of the provided microbatch size "
+     "(4)", "batch-size"),
+    ("model.embed_tokens.weight : torch.Size([0])\nmodel.norm.weight : torch.Size([0])",
+     "zero-checkpoint"),
+    ("~/lib/python3.10/site-packages/torch/utils/cpp_extension.py in _run_ninja_build("
+     "build_directory, verbose, error_prefix)", "deepspeed-op-build"),
+    ("FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably "
+     "exploding.", "fp16-overflow"),
+    ("ImportError: cannot import name 'get_cuda_stream' from 'triton.runtime.jit'",
+     "sparse-attn-triton"),
+    ("torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:\nRuntimeError: "
+     "Cannot find a working triton installation. Either the package is not installed or it "
+     "is too old.", "sparse-attn-triton"),
+    ("ImportError: DLL load failed while importing libtriton: The specified module could "
+     "not be found.", "sparse-attn-triton"),
+    ("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB", "cuda-oom"),
+    ("RuntimeError: MPS backend out of memory (MPS allocated: 17.00 GB)", "cuda-oom"),
+    ("RuntimeError: Attempting to deserialize object on a CUDA device but "
+     "torch.cuda.is_available() is False. If you are running on a CPU-only machine, please "
+     "use torch.load with map_location=torch.device('cpu')", "cuda-unavailable-or-mismatch"),
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:799] connect "
+     "[127.0.1.1]:45123: Connection refused", "nccl-comm"),
+    ("RuntimeError: Socket Timeout", "nccl-comm"),
+    ("FloatingPointError: Loss became infinite or NaN at iteration=12!", "other"),
+    ("cfg.SOLVER.AMP.ENABLED=True --fp16\nFloatingPointError: Loss became infinite or NaN "
+     "at iteration=12!", "fp16-overflow"),
+    ("Collecting deepspeed\nRuntimeError: The detected CUDA version (12.1) mismatches the "
+     "version that was used to compile PyTorch (11.8). Please make sure to use the same CUDA "
+     "versions.", "deepspeed-op-build"),
+    ("RuntimeError: Cuda extensions are being compiled with a version of Cuda that does not "
+     "match the version used to compile Pytorch binaries.  Pytorch binaries were compiled "
+     "with Cuda 11.3.", "apex-missing-or-wrong"),
+], ids=["accelerate-ds", "lightning-ds", "transformers-six", "megatron-batch",
+        "microbatch-multiple", "zero3-size0-listing", "notebook-ninja", "min-loss-scale",
+        "triton-name", "inductor-triton", "libtriton", "rocm-oom", "mps-oom",
+        "deserialize-no-cuda", "gloo-refused", "c10d-socket-timeout", "detectron-nan",
+        "detectron-nan-fp16", "torch-ext-cuda-ds", "apex-build-cuda"])
+def test_wordings_of_other_frameworks(line: str, category: str) -> None:
+    """The same failures as accelerate, Lightning, transformers' lazy imports, Megatron,
+    NeMo, a ZeRO-3 state dict listing, a notebook traceback, fairseq, torch's inductor,
+    ROCm/MPS torch, torch.load, gloo, the c10d store and detectron2 word them (issue 15;
+    some learnt from the outside set, re-worded here): fails when a signature keys on one
+    project's sentence only."""
+    assert diagnose(line).category == category
+
+
+def _steps(template: str, start: float, steps: int) -> str:
+    return "\n".join(template.format(start / 2 ** i) for i in range(steps)) + "\n"
+
+
+@pytest.mark.parametrize("template", [
+    "| WARNING: overflow detected, setting loss scale to: {}",          # fairseq
+    "AMP: overflow detected, setting scale to: {}",                    # fairseq AMP
+    "Overflow occurs, the loss scale is adjusted to {}",               # ColossalAI
+    "DLL 2020-06-04 01:04:20.355678 - PARAMETER loss_scale : {}",      # NVIDIA DLLogger
+    "| epoch 027 | loss 6.343 | loss_scale {} | wall 23080",            # a stats column
+    '{{"step": 3, "loss": 2.1, "loss_scale": {}}}',                    # JSON lines
+], ids=["fairseq", "fairseq-amp", "colossalai", "dllogger", "column", "json"])
+def test_loss_scale_collapse_in_other_frameworks(template: str) -> None:
+    """A scale halved from 2**16 down below 1 is fp16 divergence in every framework's
+    wording; the same lines stopping at 2**12 (warm-up) are no failure. Fails when a
+    framework's shape is not read as a sequence (collapse missed) or when every such
+    line counts (warm-up read as a failure)."""
+    assert diagnose(_steps(template, 2.0 ** 16, 20)).category == "fp16-overflow"
+    assert diagnose(_steps(template, 2.0 ** 16, 5)).category in (BENIGN, UNKNOWN)
+
+
+@pytest.mark.parametrize("text", [
+    '"fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 16}',
+    "Namespace(fp16=True, loss_scale=0, min_loss_scale=0.0001)",
+    "python run_squad.py --fp16 --loss_scale 0.5",
+    " iteration 100/ 1000 | lm loss: 2.1E+00 | loss scale: 1.0 | grad norm: 0.9 |",
+], ids=["ds-config-dynamic", "namespace", "flag", "megatron-bf16"])
+def test_loss_scale_settings_are_not_a_collapse(text: str) -> None:
+    """0 is the 'dynamic' setting of DeepSpeed, Apex and transformers configs; a flag or a
+    longer name (min_loss_scale) is a setting; bf16/fp32 Megatron prints a static 1.0 every
+    step. Fails when the loss-scale column signature reads any of them as a collapse."""
+    assert diagnose(text).category == UNKNOWN
+
+
+def test_optional_triton_notice_is_harmless_but_triton_failures_are_not() -> None:
+    """xformers says 'A matching Triton is not available' and carries on: the ImportError
+    it quotes (and its traceback) is harmless. Without that notice, the same ImportError
+    is Triton missing; a real Triton failure next to the notice still decides. Fails when
+    the notice is read as a failure, or when it silences Triton failures everywhere."""
+    notice = ("WARNING:xformers:A matching Triton is not available, some optimizations will "
+              "not be enabled.\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+              "    import triton\nModuleNotFoundError: No module named 'triton'\n")
+    assert diagnose(notice).category == BENIGN
+    assert diagnose("ModuleNotFoundError: No module named 'triton'\n").category == \
+        "sparse-attn-triton"
+    failing = notice + "RuntimeError: Cannot find a working triton installation.\n"
+    assert diagnose(failing).category == "sparse-attn-triton"

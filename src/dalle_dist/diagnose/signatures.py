@@ -55,7 +55,10 @@ Categories
     horovod-not-built             Horovod absent, or built without torch / Gloo / MPI.
     nccl-comm                     ranks cannot talk: NCCL errors, collective timeouts,
                                   rendezvous store connections.
-    sparse-attn-triton            DeepSpeed's sparse attention or Triton cannot load.
+    sparse-attn-triton            DeepSpeed's sparse attention or Triton cannot load or run
+                                  (missing, a version torch or DeepSpeed does not
+                                  expect, torch.compile's inductor finding none); a
+                                  library that only notes Triton is absent is benign.
     zero-checkpoint               a DeepSpeed ZeRO checkpoint that is incomplete or was
                                   saved by another number of ranks.
     fp16-overflow                 fp16 training diverged: the loss scale collapsed to its
@@ -126,12 +129,17 @@ class Signature:
 _SCALE = r"(?P<scale>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
 # The floor below which a dynamic loss scale means fp16 training has diverged.
 SCALE_FLOOR = 8.0
+# A logged loss-scale column decides only below 1: bf16 and fp32 runs of some frameworks
+# (Megatron) print a static `loss scale: 1.0` every step; an exact 0 is the "dynamic"
+# setting in DeepSpeed, Apex and transformers configs, never a value the scaler reached.
+LOSS_SCALE_COLUMN_FLOOR = 0.5
 
 SIGNATURES: tuple[Signature, ...] = (
     # -- fp16: a collapsed loss scale is the root cause of what follows ---------------------
     Signature(
         "ds-loss-scale-at-minimum", "fp16-overflow",
         (r"Current loss scale already at minimum",
+         r"Minimum loss scale reached",
          r"\[deepspeed\] OVERFLOW! Rank \d+ Skipping step\. Attempted loss scale: [12], "
          r"reducing to 1\b"),
         "DeepSpeed's fp16 loss scale fell to its minimum: gradients overflow at every scale, "
@@ -155,7 +163,10 @@ SIGNATURES: tuple[Signature, ...] = (
         (r"(?:OVERFLOW!|[Oo]verflow detected\.|loss scale overflow!)[^\n]*Attempted loss "
          r"scale: [\d.e+-]+, reducing to " + _SCALE,
          r"Reducing dynamic loss scale from [\d.e+-]+ to " + _SCALE,
-         r"[Ff]ound overflow[^\n]*(?:[Ll]oss scale|scale) (?:to|:) " + _SCALE),
+         r"[Ff]ound overflow[^\n]*(?:[Ll]oss scale|scale) (?:to|:) " + _SCALE,
+         # fairseq (and its AMP optimizer); ColossalAI's dynamic grad scaler
+         r"(?i)overflow detected, setting (?:loss )?scale to:? " + _SCALE,
+         r"(?i)overflow occurs?, the loss scale is adjusted to " + _SCALE),
         "the fp16 loss scale was halved overflow after overflow down to {scale}: "
         "gradients overflow at every scale, fp16 training has diverged (not the harmless "
         "warm-up overflows, which stop in the thousands)",
@@ -163,6 +174,17 @@ SIGNATURES: tuple[Signature, ...] = (
         "keep --clip_grad_norm, add warmup, and resume from a checkpoint before the collapse",
         "grep -c -i 'overflow' LOGFILE",
         scale_at_most=SCALE_FLOOR),
+    Signature(
+        "loss-scale-column-collapse", "fp16-overflow",
+        (r"(?i)(?<![\w.-])loss[_ ]scale['\"]?[ \t]*[:=|]?[ \t]*(?!0*\.?0*(?![\d.eE]))"
+         + _SCALE + r"(?![\w.])",),
+        "the logged fp16 loss scale fell to {scale}: the dynamic scaler halved it at every "
+        "overflow, so every step overflows and fp16 training has diverged (a static or "
+        "healthy scale never drops below 1)",
+        "train in bf16 (--precision bf16) if the GPU has it; else lower the learning rate, "
+        "keep --clip_grad_norm, add warmup, and resume from a checkpoint before the collapse",
+        "grep -n -i 'loss.scale' LOGFILE | tail",
+        scale_at_most=LOSS_SCALE_COLUMN_FLOOR),
     Signature(
         "sampling-nan-probabilities", "fp16-overflow",
         (r"probability tensor contains either `?inf`?, `?nan`? or element < 0",
@@ -183,7 +205,8 @@ SIGNATURES: tuple[Signature, ...] = (
          r"CUBLAS_STATUS_ALLOC_FAILED",
          r"CUDA out of memory\.",
          r"CUDA_ERROR_OUT_OF_MEMORY",
-         r"Failed to CUDA calloc \d+ bytes"),
+         r"Failed to CUDA calloc \d+ bytes",
+         r"(?:HIP|MPS backend) out of memory"),   # torch on ROCm and Apple GPUs
         "a GPU ran out of memory",
         "lower --batch_size (or raise --ga_steps to keep the global batch), "
         "train in bf16/fp16, "
@@ -233,7 +256,8 @@ SIGNATURES: tuple[Signature, ...] = (
          r"ProcessGroupNCCL is only supported with GPUs, no GPUs found",
          r"torch\.cuda\.is_available\(\)[\s:=>-]*False",
          r"CUDA driver initialization failed, you might not have a CUDA gpu",
-         r"CUDA-capable device\(s\) is/are busy or unavailable"),
+         r"CUDA-capable device\(s\) is/are busy or unavailable",
+         r"Attempting to deserialize object on a CUDA device but torch\.cuda\.is_available"),
         "torch sees no usable GPU: CUDA_VISIBLE_DEVICES hides them, the container has none, "
         "the driver did not initialise, or the GPUs are in exclusive mode and taken",
         "check CUDA_VISIBLE_DEVICES and that the job (docker --gpus all, Slurm --gres=gpu:N) "
@@ -269,6 +293,32 @@ SIGNATURES: tuple[Signature, ...] = (
         "use --precision fp16 (or fp32) on this GPU",
         "dalle-dist check --precision bf16"),
     # -- DeepSpeed sparse attention and Triton ---------------------------------------------
+    # A library that only uses Triton when it is there (xformers) says so and carries on;
+    # listed first, it claims the ImportError it quotes.
+    Signature(
+        "triton-optional-missing", BENIGN,
+        (r"A matching Triton is not available",
+         r"No module named '?triton'?(?![.\w])"),
+        "a library (xformers) found no usable Triton and runs without its Triton kernels: "
+        "slower paths, nothing fails",
+        "nothing; install the Triton matching torch only for those optimisations",
+        'python -c "import triton; print(triton.__version__)"',
+        benign=True,
+        requires=(r"A matching Triton is not available",)),
+    Signature(
+        "triton-unusable", "sparse-attn-triton",
+        (r"Cannot find a working triton installation",
+         r"cannot import name '?\w+'? from '?triton(?:\.\w+)*(?:'|\s|$)",
+         r"No module named '?triton[.\s]+\w",
+         r"(?:DLL load failed while importing|ImportError: [^\n]*)\blibtriton",
+         r"too old to be supported by the triton GPU compiler"),
+        "Triton (the compiler behind torch.compile's inductor backend and DeepSpeed's sparse "
+        "attention) is missing, of another version than torch expects, or cannot run on "
+        "this GPU",
+        "install the Triton release that matches this torch (pip install -U torch triton; "
+        "on Windows the triton-windows wheel for this torch), or run without torch.compile "
+        "(eager) and without DeepSpeed's sparse attention",
+        'python -c "import torch, triton; print(torch.__version__, triton.__version__)"'),
     Signature(
         "triton-missing", "sparse-attn-triton",
         (r"No module named '?triton'?(?![.\w])",),
@@ -322,6 +372,18 @@ SIGNATURES: tuple[Signature, ...] = (
         "install the toolkit matching torch.version.cuda (or a torch matching the "
         "toolkit) and point CUDA_HOME at it",
         'nvcc --version; python -c "import torch; print(torch.version.cuda)"'),
+    # torch's own check when any C++/CUDA extension builds; a DeepSpeed op when DeepSpeed
+    # is in the log (Apex's build says it in its own words, apex-build-cuda-mismatch).
+    Signature(
+        "torch-ext-cuda-mismatch", "deepspeed-op-build",
+        (r"The detected CUDA version \([\d.]+\) mismatches the version that was used to "
+         r"compile PyTorch",),
+        "the CUDA toolkit (nvcc) that builds DeepSpeed's op differs from the CUDA torch was "
+        "built with, and torch's extension builder refuses it",
+        "install the toolkit matching torch.version.cuda (or a torch matching the toolkit) "
+        "and point CUDA_HOME at it; or use a DeepSpeed wheel with prebuilt ops",
+        'nvcc --version; python -c "import torch; print(torch.version.cuda)"',
+        requires=(r"(?i)deepspeed",)),
     Signature(
         "ds-ninja-missing", "deepspeed-op-build",
         (r"Unable to JIT load the (?P<op>\w+) op due to ninja not being installed",
@@ -340,6 +402,7 @@ SIGNATURES: tuple[Signature, ...] = (
          r"nvcc fatal\s*:\s*Unsupported gpu architecture '?compute_\d+",
          r"Command '\['ninja', '-v'\]' returned non-zero exit status",
          r"Error compiling objects for extension",
+         r"\bin _run_ninja_build\b",
          r"torch_extensions[/\\][^\n]*\.so: cannot open shared object file"),
         "a DeepSpeed C++/CUDA op failed to compile (see the compiler errors above it)",
         _DS_OPS_FIX,
@@ -355,7 +418,8 @@ SIGNATURES: tuple[Signature, ...] = (
          r"backend deepspeed (?:is not installed|cannot run here)",
          r"holds ZeRO partitions and DeepSpeed does not import",
          r"requires the DeepSpeed library but it was not found",
-         r"(?i)\bDeepSpeed is not installed\b",
+         r"(?i)\bDeepSpeed is not (?:installed|available)\b",
+         r"(?i)must have [`'\"]?deepspeed[`'\"]? installed",
          r"(?i)\brequires? [`'\"]?deepspeed[`'\"]?(?:[.,;:]|\s*$|\s+(?:to be |but |-|\())",
          r"requires `?deepspeed`? to be installed"),
         "DeepSpeed is not installed (or not importable) in the environment that ran",
@@ -489,6 +553,20 @@ SIGNATURES: tuple[Signature, ...] = (
         "(--precision fp16 or bf16)",
         'python -c "import apex"',
         requires=(r"[/\\]apex[/\\][\w/\\]+\.py",)),
+    # transformers imports DeepSpeed (its integration) inside a lazy import and reports only
+    # "Failed to import transformers...: No module named 'torch._six'"; its own code never
+    # imported torch._six. After apex-torch-too-new, which wins when Apex frames show.
+    Signature(
+        "deepspeed-torch-too-new-wrapped", "deepspeed-missing",
+        (r"No module named '?torch\._six'?",
+         r"cannot import name '\w+' from 'torch\._six'"),
+        "an import that transformers wraps failed on torch._six, which torch 2.0 removed; "
+        "the module importing it is DeepSpeed (older than 0.8.1), pulled in by transformers' "
+        "DeepSpeed integration: DeepSpeed is too old for the installed torch",
+        "upgrade DeepSpeed (pip install -U deepspeed), or uninstall it if the run does not "
+        "use it, or pin torch below 2.0",
+        'python -c "import deepspeed, torch; print(deepspeed.__version__, torch.__version__)"',
+        requires=(r"Failed to import transformers\.",)),
     Signature(
         "apex-amp-missing", "apex-missing-or-wrong",
         (r"cannot import name '?amp'? from '?apex",
@@ -501,6 +579,15 @@ SIGNATURES: tuple[Signature, ...] = (
         "pip uninstall apex; use native mixed precision (--precision fp16 or bf16) instead "
         "of Apex amp",
         'python -c "import apex, sys; print(apex.__file__, hasattr(apex, \'amp\'))"'),
+    Signature(
+        "apex-build-cuda-mismatch", "apex-missing-or-wrong",
+        (r"Cuda extensions are being compiled with a version of Cuda that does not match the "
+         r"version used to compile Pytorch binaries",),
+        "NVIDIA Apex's extensions did not build: the CUDA toolkit (nvcc) differs from the "
+        "CUDA torch was built with, so Apex is missing or lacks its extensions",
+        "use native mixed precision (--precision fp16 or bf16), which needs no Apex; or "
+        "install the toolkit matching torch.version.cuda and rebuild Apex",
+        'nvcc --version; python -c "import torch; print(torch.version.cuda)"'),
     Signature(
         "apex-extensions-missing", "apex-missing-or-wrong",
         (r"No module named '?(?P<ext>amp_C|apex_C|fused_layer_norm_cuda|fused_adam_cuda|"
@@ -532,7 +619,9 @@ SIGNATURES: tuple[Signature, ...] = (
         "ls NAME-ds-cp/$(cat NAME-ds-cp/latest) | grep -c optim_states"),
     Signature(
         "zero3-placeholder-weights", "zero-checkpoint",
-        (r"copying a param with shape torch\.Size\(\[[01]?\]\) from checkpoint",),
+        (r"copying a param with shape torch\.Size\(\[[01]?\]\) from checkpoint",
+         r"^\s*[\w.]+\.(?:weight|bias)\b['\"]?\s*[:=,]?\s*(?:shape\s*[:=]?\s*)?"
+         r"torch\.Size\(\[0\]\)"),
         "the checkpoint holds ZeRO-3 placeholders (empty or 1-element tensors) instead of "
         "weights: it was saved from a ZeRO-3 partitioned model without gathering the "
         "parameters",
@@ -573,7 +662,13 @@ SIGNATURES: tuple[Signature, ...] = (
          r"--deepspeed_config (?:.+ )?sets (?:train_batch_size|gradient_accumulation_steps) \d+ "
          r"but --(?:batch_size|ga_steps) is \d+",
          r"(?:Train batch size|Micro batch size per gpu|Gradient accumulation steps): -?\d+ "
-         r"has to be greater than 0"),
+         r"has to be greater than 0",
+         r"(?i)\bbatch[ _]?size\b[^\n]*\b(?:is not|must be) (?:a multiple of|divisible by)",
+         # (each with a literal run, so the prefilter skips lines without it)
+         r"(?i)\bis not (?:a multiple of|divisible by)\b[^\n]*"
+         r"\b(?:micro[ _-]?batch|batch[ _]?size)",
+         r"(?i)\bmust be (?:a multiple of|divisible by)\b[^\n]*"
+         r"\b(?:micro[ _-]?batch|batch[ _]?size)"),
         "the batch size does not split over ranks and gradient accumulation steps "
         "(global batch = micro batch x --ga_steps x ranks)",
         "pick a --batch_size that is a multiple of --ga_steps x ranks (the error line names "
@@ -594,7 +689,8 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "fp16-nan-loss", "fp16-overflow",
         (_NAN_LOSS,
-         r"returned nan values in its \d+th output"),
+         r"returned nan values in its \d+th output",
+         r"Loss became infinite or NaN"),   # detectron2's trainer
         "the loss became NaN with fp16 on: activations or gradients overflowed fp16's range",
         "train in bf16 (--precision bf16) if the GPU has it; else lower the learning rate, "
         "keep --clip_grad_norm, and resume from a checkpoint saved before the NaN",
@@ -663,6 +759,7 @@ SIGNATURES: tuple[Signature, ...] = (
          r"RendezvousConnectionError",
          r"The connection to the C10d store has failed",
          r"RendezvousTimeoutError",
+         r"\bSocket Timeout\b",
          r"Wait timeout for key",
          r"wait timeout after \d+ ?ms, keys",
          r"Timed out initializing process group in store based barrier",
@@ -713,7 +810,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "gloo-timeout", "nccl-comm",
         (r"Timed out waiting \d+ ?ms for (?:recv|send) operation to complete",
          r"gloo/transport/tcp/\w+\.cc:\d+\].*(?:Connection (?:closed|reset) by peer|"
-         r"Timed out|Connect timeout)",
+         r"Timed out|Connect timeout|Connection refused)",
          r"gloo::IoException",
          r"gloo::EnforceNotMet"),
         "a gloo collective (CPU training, or Horovod's coordination over gloo) waited past its "
@@ -792,7 +889,8 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "nan-loss", "other",
         (_NAN_LOSS,
-         r"returned nan values in its \d+th output"),
+         r"returned nan values in its \d+th output",
+         r"Loss became infinite or NaN"),   # detectron2's trainer
         "the loss became NaN without fp16: the learning rate is too high or a batch holds "
         "bad values",
         "lower --learning_rate, keep --clip_grad_norm, and check the data; resume from a "
@@ -812,7 +910,9 @@ SIGNATURES: tuple[Signature, ...] = (
          r"Grad overflow on iteration:? \d+",
          r"[Oo]verflow detected\. Skipping step\. Attempted loss scale",
          r"Reducing dynamic loss scale from [\d.e+-]+ to",
-         r"[Ff]ound overflow\. Skip step"),
+         r"[Ff]ound overflow\. Skip step",
+         r"(?i)overflow detected, setting (?:loss )?scale to",
+         r"(?i)overflow occurs?, the loss scale is adjusted to"),
         "DeepSpeed's dynamic fp16 loss scaler skipped a step and lowered the scale: normal "
         "in the first steps of fp16 training",
         "nothing, unless the scale keeps falling to its minimum (then see fp16-overflow)",
