@@ -114,6 +114,37 @@ def test_dev_set_counts_and_repositories() -> None:
                             rf"{m['number']}(?:-\d+)?\.log", entry["file"]), entry
 
 
+
+#: Each held-out set: the sets (besides the five dev repositories) whose repositories it
+#: must not share, its least size and its least count of real failures outside the
+#: categories. `outside` was the first held-out set, `heldout` the second.
+HELD_OUT_SETS = {"outside": (("dev",), 60, 8), "heldout": (("dev", "outside"), 45, 6)}
+
+
+@pytest.mark.parametrize("name", sorted(HELD_OUT_SETS))
+def test_held_out_sets_come_from_unused_repositories(name: str) -> None:
+    """A held-out set measures doctor on logs from projects nobody wrote signatures
+    against. Fails on a log from a repository of an earlier set or of the five dev
+    repositories (the figure would be optimistic), two logs from one thread (one report
+    weighed twice), a file named after another thread than its source, or a set trimmed
+    below its size or its share of `unknown` (answering unknown would look free). Reads
+    SOURCES.json only: choosing or labelling a log never depends on what doctor answers."""
+    earlier, least_logs, least_unknown = HELD_OUT_SETS[name]
+    used = {repo.lower() for repo in DEV_REPOS}
+    for other in earlier:
+        used |= {URL.match(e["url"])["repo"].lower() for e in sources(REAL / other)}
+    entries = sources(REAL / name)
+    threads = Counter(e["url"] for e in entries)
+    assert [url for url, n in threads.items() if n > 1] == []
+    for entry in entries:
+        m = URL.match(entry["url"])
+        assert m and m["repo"].lower() not in used, entry["url"]
+        owner_repo = m["repo"].replace("/", "-")
+        assert re.fullmatch(rf"{re.escape(entry['category'])}__{re.escape(owner_repo)}-"
+                            rf"{m['number']}(?:-\d+)?\.log", entry["file"]), entry
+    counts = Counter(e["category"] for e in entries)
+    assert len(entries) >= least_logs and counts[UNKNOWN] >= least_unknown, counts
+
 # -- the reading rules issue 15 added -----------------------------------------------------------
 
 SPARSE_WARNING = (" [WARNING]  sparse_attn requires a torch version >= 1.5 and < 2.0 but "
