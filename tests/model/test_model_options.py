@@ -22,6 +22,7 @@ from dalle_dist.model import DALLE, DALLEConfig, SequenceLayout
 from dalle_dist.model.decoding import StaticDecoder
 from dalle_dist.model.rotary import apply_rotary, rotary_angles, rotated_features
 from dalle_dist.model.shift import shift_sequence
+from tests.model.test_sampling import assert_cached_sampling_is_uncached
 
 SMALL = DALLEConfig(num_text_tokens=50, text_seq_len=8, num_image_tokens=16, image_fmap_size=4,
                     dim=32, depth=2, heads=2, dim_head=16, sparse_random_blocks=1)
@@ -87,14 +88,7 @@ def test_cached_decoding_equals_uncached(option: str, patterns: str) -> None:
                                          decoder.caches))
     torch.testing.assert_close(torch.stack(got, dim=1), want, rtol=1e-5, atol=1e-5)
 
-    for seed in (0, 1):
-        text = _captions(3, seed)
-        cached = model.sample_image_tokens(text, 0.0, 1.0, torch.Generator().manual_seed(seed),
-                                           decoder=decoder)
-        plain = model.sample_image_tokens(text, 0.0, 1.0, torch.Generator().manual_seed(seed),
-                                          use_cache=False)
-        assert torch.equal(cached, plain), (seed, cached, plain)
-        assert not torch.equal(cached[0], cached[1])
+    assert_cached_sampling_is_uncached(model, decoder, _captions)
 
 
 # -- rotary ---------------------------------------------------------------------------

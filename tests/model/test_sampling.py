@@ -6,7 +6,7 @@ no host sync, and the same tokens when its step is compiled."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -150,15 +150,21 @@ def test_static_cache_equals_uncached_for_every_pattern(attn_types: tuple[str, .
     keys written at the wrong position.
     """
     model = _small_model(attn_types)
-    decoder = StaticDecoder(model, 3)
+    assert_cached_sampling_is_uncached(model, StaticDecoder(model, 3), _captions)
+
+
+def assert_cached_sampling_is_uncached(model: DALLE, decoder: StaticDecoder,
+                                       captions: Callable[[int, int], torch.Tensor]) -> None:
+    """Two seeds of 3-row sampling through the decoder (reused) equal
+    sampling without a cache, token for token; the rows differ (different captions and
+    noise), so a row mix-up cannot hide."""
     for seed in (0, 1):
-        text = _captions(3, seed)
+        text = captions(3, seed)
         cached = model.sample_image_tokens(text, 0.0, 1.0, torch.Generator().manual_seed(seed),
                                            decoder=decoder)
         plain = model.sample_image_tokens(text, 0.0, 1.0, torch.Generator().manual_seed(seed),
                                           use_cache=False)
         assert torch.equal(cached, plain), (seed, cached, plain)
-        # Rows differ (different captions and noise), so a row mix-up cannot hide.
         assert not torch.equal(cached[0], cached[1])
 
 
