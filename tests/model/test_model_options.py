@@ -9,7 +9,6 @@ path; the shift must follow DALLE-pytorch's per-position rule.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterator
 
@@ -18,14 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from dalle_dist.model import DALLE, DALLEConfig, SequenceLayout
+from dalle_dist.model import SequenceLayout
 from dalle_dist.model.decoding import StaticDecoder
 from dalle_dist.model.rotary import apply_rotary, rotary_angles, rotated_features
 from dalle_dist.model.shift import shift_sequence
-from tests.model.test_sampling import assert_cached_sampling_is_uncached
+from tests.model.test_sampling import SMALL, _captions, assert_cached_sampling_is_uncached
+from tests.model.test_sampling import _small_model as _model
 
-SMALL = DALLEConfig(num_text_tokens=50, text_seq_len=8, num_image_tokens=16, image_fmap_size=4,
-                    dim=32, depth=2, heads=2, dim_head=16, sparse_random_blocks=1)
 OPTIONS = {"rotary": {"rotary_emb": True}, "shift": {"shift_tokens": True},
            "both": {"rotary_emb": True, "shift_tokens": True}}
 PATTERNS = {"full": ("full",), "all5": ("full", "axial_row", "axial_col", "conv_like", "sparse")}
@@ -39,23 +37,6 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def _model(attn_types: tuple[str, ...], **options: bool) -> DALLE:
-    """Weights spread wide so logits are far from uniform (see test_sampling)."""
-    torch.manual_seed(0)
-    model = DALLE(dataclasses.replace(SMALL, attn_types=attn_types,
-                                      depth=max(2, len(attn_types)), **options)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    return model
-
-
-def _captions(batch: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    text = torch.randint(1, SMALL.num_text_tokens, (batch, SMALL.text_seq_len), generator=g)
-    for row in range(batch):
-        text[row, 2 + 2 * row:] = 0
-    return text
 
 
 # -- cached == uncached ---------------------------------------------------------------

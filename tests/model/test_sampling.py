@@ -119,12 +119,13 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def _small_model(attn_types: tuple[str, ...]) -> DALLE:
+def _small_model(attn_types: tuple[str, ...], **options: bool) -> DALLE:
     """float32, as users sample; weights spread wide enough that logits are far from uniform
-    (the default init would make every sampler look right)."""
+    (the default init would make every sampler look right). options: DALLEConfig switches
+    (--rotary_emb, --shift_tokens)."""
     torch.manual_seed(0)
     model = DALLE(dataclasses.replace(SMALL, attn_types=attn_types,
-                                      depth=max(2, len(attn_types)))).eval()
+                                      depth=max(2, len(attn_types)), **options)).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.3)

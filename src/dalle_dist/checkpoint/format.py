@@ -84,6 +84,29 @@ def write_checkpoint_file(path: str | Path, payload: dict[str, Any]) -> None:
         torch.save(payload, f)
 
 
+
+def load_weights_only(path: Path, flag: str, pickled_fix: str, corrupt_fix: str, *,
+                      mmap: bool = False, pickled: str = "pickled Python objects") -> Any:
+    """torch.load with weights_only=True, its failures as one-line CheckpointErrors.
+
+    torch says "Weights only load failed" for any file it cannot unpickle safely; only an
+    "Unsupported global" (or class) means the file really names Python code to run, which
+    is refused unread (`pickled` says what it carries, `pickled_fix` what to give
+    instead); anything else is a truncated or corrupt file (`corrupt_fix`). The caller's
+    allow-list (torch.serialization.safe_globals) is in force if it set one."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as exc:
+        if "Unsupported global" in str(exc) or "Unsupported class" in str(exc):
+            raise CheckpointError(f"{flag} {path} carries {pickled}, refused unread (loading "
+                                  "it could run arbitrary code)", pickled_fix) from None
+        raise CheckpointError(f"{flag} {path} is not a readable checkpoint (not a torch file)",
+                              f"the file is truncated or corrupt; {corrupt_fix}") from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"{flag} {path} is not a readable checkpoint ({reason})",
+                              f"the file is truncated or corrupt; {corrupt_fix}") from None
+
 def read_checkpoint_file(path: str | Path, flag: str, mmap: bool = False) -> dict[str, Any]:
     """The payload of a dalle_dist single-file checkpoint, or a one-line CheckpointError.
 
@@ -95,23 +118,8 @@ def read_checkpoint_file(path: str | Path, flag: str, mmap: bool = False) -> dic
     if path.is_dir():
         raise CheckpointError(f"{flag} {path} is a directory, not a checkpoint file",
                               "give the .pt file written by dalle-dist")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as exc:
-        # torch says "Weights only load failed" for any file it cannot unpickle safely;
-        # only "Unsupported global" means the file really names Python code to run.
-        if "Unsupported global" in str(exc) or "Unsupported class" in str(exc):
-            raise CheckpointError(
-                f"{flag} {path} carries pickled Python objects, refused unread "
-                "(loading it could run arbitrary code)",
-                "use a checkpoint written by dalle-dist, or export safetensors",
-            ) from None
-        raise CheckpointError(f"{flag} {path} is not a readable checkpoint (not a torch file)",
-                              "the file is truncated or corrupt; use an earlier one") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CheckpointError(f"{flag} {path} is not a readable checkpoint ({reason})",
-                              "the file is truncated or corrupt; use an earlier one") from None
+    payload = load_weights_only(path, flag, "use a checkpoint written by dalle-dist, or export "
+                                "safetensors", "use an earlier one", mmap=mmap)
     if not isinstance(payload, dict) or "format_version" not in payload or "kind" not in payload:
         raise CheckpointError(f"{flag} {path} is not a dalle_dist checkpoint",
                               "train one with dalle-dist train-vae or dalle-dist train")

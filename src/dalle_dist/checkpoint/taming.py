@@ -19,8 +19,6 @@ part of the tokenizer and are dropped; everything else must match the config exa
 from __future__ import annotations
 
 import hashlib
-import pickle
-import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ from typing import Any
 
 import torch
 
+from dalle_dist.checkpoint.format import load_weights_only
 from dalle_dist.config_base import option
 from dalle_dist.errors import CheckpointError, ConfigError
 from dalle_dist.model.vqgan import VQGAN, VQGANConfig
@@ -144,23 +143,12 @@ def read_taming_state_dict(path: str | Path, flag: str = "--vqgan_model_path"
     """The VQGAN weights of a taming checkpoint (Lightning .ckpt, or a bare state_dict),
     without the `loss.*` entries; a one-line CheckpointError for anything else."""
     path = _existing_file(path, flag, "the VQGAN's .ckpt")
-    try:
-        with _lightning_globals():
-            payload = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        if "Unsupported global" in str(exc) or "Unsupported class" in str(exc):
-            raise CheckpointError(
-                f"{flag} {path} carries pickled Python objects beyond a taming checkpoint's "
-                "weights and Lightning state, refused unread (loading it could run "
-                "arbitrary code)",
-                "give the VQGAN's own last.ckpt, or save its state_dict alone with "
-                "torch.save") from None
-        raise CheckpointError(f"{flag} {path} is not a readable checkpoint (not a torch file)",
-                              "the file is truncated or corrupt; download it again") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CheckpointError(f"{flag} {path} is not a readable checkpoint ({reason})",
-                              "the file is truncated or corrupt; download it again") from None
+    with _lightning_globals():
+        payload = load_weights_only(
+            path, flag, "give the VQGAN's own last.ckpt, or save its state_dict alone with "
+            "torch.save", "download it again",
+            pickled="pickled Python objects beyond a taming checkpoint's weights and "
+            "Lightning state")
     state = payload.get("state_dict", payload) if isinstance(payload, dict) else None
     if not isinstance(state, dict) or not any(
             isinstance(k, str) and k.startswith("encoder.") for k in state):
