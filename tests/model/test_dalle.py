@@ -4,7 +4,6 @@ the transformer is causal, and KV-cached sampling reproduces uncached sampling e
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -22,14 +21,7 @@ TINY = DALLEConfig(num_text_tokens=50, text_seq_len=8, num_image_tokens=16, imag
                    dim=32, depth=2, heads=2, dim_head=16)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Sampling runs hundreds of tiny ops; on a busy 2-core machine intra-op threads spin
-    against other processes and made this module 20x slower, with nothing to gain."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(config: DALLEConfig = TINY, seed: int = 0, weight_std: float | None = None) -> DALLE:

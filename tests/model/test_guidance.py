@@ -5,6 +5,7 @@ its rate from the global RNG, which every checkpoint records."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import Tensor
 
@@ -12,12 +13,9 @@ from dalle_dist.checkpoint.rng import capture_rng, restore_rng
 from dalle_dist.model.decoding import StaticDecoder
 from dalle_dist.model.sampling import guide, null_text
 from dalle_dist.train.dalle_task import null_captions
-from tests.model.test_sampling import (  # noqa: F401 (_one_thread: autouse fixture)
-    PATTERN_SETS,
-    _captions,
-    _one_thread,
-    _small_model,
-)
+from tests.model.test_sampling import PATTERN_SETS, _captions, _small_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class RecordingDecoder(StaticDecoder):

@@ -10,7 +10,6 @@ path; the shift must follow DALLE-pytorch's per-position rule.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -29,12 +28,7 @@ OPTIONS = {"rotary": {"rotary_emb": True}, "shift": {"shift_tokens": True},
 PATTERNS = {"full": ("full",), "all5": ("full", "axial_row", "axial_col", "conv_like", "sparse")}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 

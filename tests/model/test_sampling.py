@@ -6,7 +6,7 @@ no host sync, and the same tokens when its step is compiled."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -110,13 +110,7 @@ SMALL = DALLEConfig(num_text_tokens=50, text_seq_len=8, num_image_tokens=16, ima
                     dim=32, depth=2, heads=2, dim_head=16, sparse_random_blocks=1)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Hundreds of tiny ops: intra-op threads only spin against other processes here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _small_model(attn_types: tuple[str, ...], **options: bool) -> DALLE:

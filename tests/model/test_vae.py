@@ -4,7 +4,6 @@ short training run that shows the model can actually learn the built-in shapes."
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -23,14 +22,7 @@ TINY = VAEConfig(image_size=16, num_tokens=32, codebook_dim=16, num_layers=2,
                  num_resnet_blocks=1, hidden_dim=16)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Tiny convolutions gain nothing from intra-op threads, and on a busy 2-core machine
-    those threads spin against other processes and slow the training test many times over."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _vae(config: VAEConfig = TINY, seed: int = 0) -> DiscreteVAE:
