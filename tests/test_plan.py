@@ -65,7 +65,7 @@ def test_rotary_drops_exactly_the_learned_positions() -> None:
     VAEConfig(),
     VAEConfig(image_size=256, num_tokens=8192, codebook_dim=512, num_layers=3,
               num_resnet_blocks=2, hidden_dim=256),
-    VAEConfig(image_size=64, num_layers=4, num_resnet_blocks=0, hidden_dim=32, channels=1),
+    VAEConfig(image_size=64, num_layers=4, num_resnet_blocks=0, hidden_dim=32, channels=4),
 ])
 def test_vae_parameters_are_the_meta_models(config: VAEConfig) -> None:
     with torch.device("meta"):

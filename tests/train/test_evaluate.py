@@ -44,7 +44,9 @@ class DrawingOracle:
         self.seen: list[str] = []
 
     def generate_images(self, text: torch.Tensor, vae: DiscreteVAE, filter_thres: float,
-                        temperature: float, generator: torch.Generator) -> torch.Tensor:
+                        temperature: float, generator: torch.Generator,
+                        cond_scale: float = 1.0) -> torch.Tensor:
+        assert cond_scale == 1.0  # evaluate_fidelity's default: no guidance
         captions = [self.tokenizer.decode(row.tolist()) for row in text]
         self.seen += captions
         drawn = captions[self.shift:] + captions[:self.shift]
