@@ -3,7 +3,10 @@ and images per second at batch 16, eager and with the decode step compiled (torc
 on CPU, CUDA graphs on CUDA), for each attention pattern, on the train_step bench's model
 (dim 256, depth 4, 4 heads x 64, text 32, 16 x 16 = 256 image tokens).
 Untrained weights: sampling costs the same whatever the weights say. VAE decoding of the
-tokens is included; compile time is not (it is reported on its own).
+tokens is included; compile time is not (it is reported on its own). Beside each batch-1
+figure, the floor its matmuls alone set (every linear layer once per image token, as
+matrix-vector products bound by reading the fp32 weights), and the share of the time
+they take: what is left above it is the rest of the decode step.
 
 DALLE-pytorch 1.6.6 on the same config is timed by bench/generate_reference.py (run it
 with an interpreter that has dalle-pytorch, in the same session); pass its JSON with
@@ -55,6 +58,32 @@ def timed(model: DALLE, vae: DiscreteVAE, batch: int, repeats: int, compiled: bo
     return median(times), first
 
 
+def matmul_floor(model: DALLE, rows: int, repeats: int, device: torch.device) -> float:
+    """Seconds per image of the decode steps' matmuls alone: every linear layer of the
+    model applied once to `rows` rows, per image token, nothing else. At batch 1 these
+    are matrix-vector products, bound by reading the weights from memory: no decode step
+    can be faster than this without fewer or smaller weights (bf16 / fp16)."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(rows, m.in_features, device=device) for m in layers]
+
+    def one_pass() -> None:
+        for layer, x in zip(layers, inputs, strict=True):
+            torch.nn.functional.linear(x, layer.weight, layer.bias)
+
+    with torch.no_grad():
+        for _ in range(5):
+            one_pass()
+        times = []
+        for _ in range(repeats):
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(32):
+                one_pass()
+            sync(device)
+            times.append((time.perf_counter() - start) / 32)
+    return median(times) * model.layout.image_len
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--patterns", default=",".join(PATTERN_NAMES))
@@ -81,8 +110,11 @@ def main() -> None:
             compiled = mode == "compiled"
             one, first_one = timed(model, vae, 1, args.repeats, compiled, device)
             sixteen, _ = timed(model, vae, 16, max(1, args.repeats - 1), compiled, device)
+            floor = matmul_floor(model, 1, 5, device)
             row = {"pattern": pattern, "mode": mode,
                    "seconds_per_image_batch_1": round(one, 4),
+                   "matmul_floor_seconds_per_image_batch_1": round(floor, 4),
+                   "share_of_batch_1_in_matmuls": round(floor / one, 2),
                    "images_per_s_batch_16": round(16 / sixteen, 2),
                    "first_call_s_batch_1": round(first_one, 2)}
             if reference is not None and pattern == reference.get("pattern"):
