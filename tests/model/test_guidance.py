@@ -13,7 +13,12 @@ from dalle_dist.checkpoint.rng import capture_rng, restore_rng
 from dalle_dist.model.decoding import StaticDecoder
 from dalle_dist.model.sampling import guide, null_text
 from dalle_dist.train.dalle_task import null_captions
-from tests.model.test_sampling import PATTERN_SETS, _captions, _small_model
+from tests.model.test_sampling import (
+    PATTERN_SETS,
+    _captions,
+    _small_model,
+    assert_cached_sampling_is_uncached,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -70,6 +75,27 @@ def test_guided_cached_tokens_equal_uncached() -> None:
         unguided = model.sample_image_tokens(text, 0.5, 1.0,
                                              torch.Generator().manual_seed(seed))
         assert not torch.equal(cached, unguided)  # guidance did something
+
+
+def test_compiled_guided_tokens_equal_uncached() -> None:
+    """`generate --compile --cond_scale 2.5`'s decoder (StaticDecoder compiled, doubled
+    batch: 6 rows for 3 captions) against the uncached guided reference, token for token,
+    reused for two batches; one graph serves every position of both. The only compiled
+    guided test (one compile, tens of seconds on CPU).
+
+    Bug seen failing: the sampled token not copied to the null half (tokens[b:, j]
+    left as torch.empty's garbage, which the compiled step then embeds)."""
+    from torch._dynamo.utils import counters
+
+    model = _small_model(("full", "axial_row"))
+    decoder = StaticDecoder(model, 3, compiled=True, cond_scale=2.5)
+    graphs_before = counters["stats"]["unique_graphs"]
+    assert_cached_sampling_is_uncached(model, decoder, _captions)
+    assert counters["stats"]["unique_graphs"] - graphs_before == 1
+    text = _captions(3, 1)
+    unguided = model.sample_image_tokens(text, 0.0, 1.0, torch.Generator().manual_seed(1))
+    assert not torch.equal(decoder.sample(text, 0.0, 1.0, torch.Generator().manual_seed(1)),
+                           unguided)  # guidance did something
 
 
 def test_cond_scale_1_is_plain_sampling() -> None:

@@ -151,14 +151,15 @@ def test_static_cache_equals_uncached_for_every_pattern(attn_types: tuple[str, .
 def assert_cached_sampling_is_uncached(model: DALLE, decoder: StaticDecoder,
                                        captions: Callable[[int, int], torch.Tensor]) -> None:
     """Two seeds of 3-row sampling through the decoder (reused) equal
-    sampling without a cache, token for token; the rows differ (different captions and
+    sampling without a cache, token for token, at the decoder's cond_scale (a guided
+    decoder against the two uncached passes); the rows differ (different captions and
     noise), so a row mix-up cannot hide."""
     for seed in (0, 1):
         text = captions(3, seed)
         cached = model.sample_image_tokens(text, 0.0, 1.0, torch.Generator().manual_seed(seed),
                                            decoder=decoder)
         plain = model.sample_image_tokens(text, 0.0, 1.0, torch.Generator().manual_seed(seed),
-                                          use_cache=False)
+                                          use_cache=False, cond_scale=decoder.cond_scale)
         assert torch.equal(cached, plain), (seed, cached, plain)
         assert not torch.equal(cached[0], cached[1])
 
