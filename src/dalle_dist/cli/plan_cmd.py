@@ -170,13 +170,14 @@ def _report(dalle_cfg: object, vae_cfg: VAEConfig | VQGANConfig, rows: list,
 
 def _human(report: dict) -> str:
     from dalle_dist.diagnose.plan import format_bytes
+    from dalle_dist.model.image_tokenizer import is_vqgan_config
 
     seq = report["sequence"]
     counts: dict[str, int] = {}
     for layer in report["layers"]:
         key = f"{layer['pattern']} ({layer['path']})"
         counts[key] = counts.get(key, 0) + 1
-    tokenizer = "VQGAN" if report["model"]["vae"].get("tokenizer") == "vqgan" else "VAE"
+    tokenizer = "VQGAN" if is_vqgan_config(report["model"]["vae"]) else "VAE"
     lines = [
         f"DALL-E {report['parameters']['dalle'] / 1e6:.2f}M parameters, {tokenizer} "
         f"{report['parameters']['vae'] / 1e6:.2f}M (frozen); sequence {seq['length']} = "
