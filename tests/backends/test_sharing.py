@@ -13,6 +13,14 @@ block 1; embeddings tied to the output projection; every block checkpointed
 - the checkpoint loads into a model whose shared layers hold one module object;
 - the log counts the parameters once and says that activation checkpointing is on.
 
+ZeRO-1 and ZeRO-2 flatten every parameter into their own buffers (each `param.data` becomes
+a view of one flat tensor), so a shared module or a tie that held on to a tensor taken
+before `deepspeed.initialize` would read stale weights there. Bugs seen failing on both
+stages: the tie reading a view of `to_logits.weight` taken at construction (grad norm
+0.97 x the one-process run's at step 1); the optimizer given one entry per parameter name
+(`named_parameters(remove_duplicate=False)`: DeepSpeed refuses the duplicate and the
+launch fails).
+
 ZeRO-3 runs with stage3_param_persistence_threshold 0, so that even this tiny model's
 parameters are partitioned and gathered (by default those under 1e5 elements stay whole
 and the check would not reach ZeRO-3's gathering at all).
@@ -62,7 +70,8 @@ def logged_parameters(text: str) -> float:
     return float(match.group(1))
 
 
-@pytest.mark.parametrize("name", ["torch", "fsdp", "deepspeed-zero3", "horovod"])
+@pytest.mark.parametrize("name", ["torch", "fsdp", "deepspeed-zero1", "deepspeed-zero2",
+                                  "deepspeed-zero3", "horovod"])
 def test_shared_tied_checkpointed_two_ranks_equal_one_process(
         name: str, trained: Callable[..., Run], zero3_partitions_all: str) -> None:
     extra = SHARED

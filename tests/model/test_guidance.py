@@ -13,7 +13,13 @@ from dalle_dist.checkpoint.rng import capture_rng, restore_rng
 from dalle_dist.model.decoding import StaticDecoder
 from dalle_dist.model.sampling import guide, null_text
 from dalle_dist.train.dalle_task import null_captions
-from tests.model.test_sampling import PATTERN_SETS, _captions, _small_model
+from tests.model.test_sampling import (
+    PATTERN_SETS,
+    _captions,
+    _small_model,
+    assert_cached_sampling_is_uncached,
+    compile_test_model,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -70,6 +76,28 @@ def test_guided_cached_tokens_equal_uncached() -> None:
         unguided = model.sample_image_tokens(text, 0.5, 1.0,
                                              torch.Generator().manual_seed(seed))
         assert not torch.equal(cached, unguided)  # guidance did something
+
+
+def test_compiled_guided_tokens_equal_uncached() -> None:
+    """`generate --compile --cond_scale 2.5`'s decoder (StaticDecoder compiled, 2 captions
+    doubled to 4 rows) against the uncached guided reference, token for token, reused for
+    two batches, with no recompile per token. Its model and step shapes are
+    test_compiled_sampling_equals_eager's, so in a session the step compiles once for both.
+
+    Bugs seen failing: the null half fed token 0 instead of the sampled token (other
+    tokens from position 7 of seed 0); the null half not fed at all (torch.empty's
+    garbage: the compiled kernel's index check fails)."""
+    from torch._dynamo.utils import counters
+
+    model = compile_test_model()
+    decoder = StaticDecoder(model, 2, compiled=True, cond_scale=2.5)
+    graphs_before = counters["stats"]["unique_graphs"]
+    assert_cached_sampling_is_uncached(model, decoder, _captions)
+    assert counters["stats"]["unique_graphs"] - graphs_before <= 1
+    text = _captions(2, 1)
+    unguided = model.sample_image_tokens(text, 0.0, 1.0, torch.Generator().manual_seed(1))
+    assert not torch.equal(decoder.sample(text, 0.0, 1.0, torch.Generator().manual_seed(1)),
+                           unguided)  # guidance did something
 
 
 def test_cond_scale_1_is_plain_sampling() -> None:

@@ -150,15 +150,16 @@ def test_static_cache_equals_uncached_for_every_pattern(attn_types: tuple[str, .
 
 def assert_cached_sampling_is_uncached(model: DALLE, decoder: StaticDecoder,
                                        captions: Callable[[int, int], torch.Tensor]) -> None:
-    """Two seeds of 3-row sampling through the decoder (reused) equal
-    sampling without a cache, token for token; the rows differ (different captions and
+    """Two seeds of sampling through the decoder (reused, its batch of rows) equal
+    sampling without a cache, token for token, at the decoder's cond_scale (a guided
+    decoder against the two uncached passes); the rows differ (different captions and
     noise), so a row mix-up cannot hide."""
     for seed in (0, 1):
-        text = captions(3, seed)
+        text = captions(decoder.batch, seed)
         cached = model.sample_image_tokens(text, 0.0, 1.0, torch.Generator().manual_seed(seed),
                                            decoder=decoder)
         plain = model.sample_image_tokens(text, 0.0, 1.0, torch.Generator().manual_seed(seed),
-                                          use_cache=False)
+                                          use_cache=False, cond_scale=decoder.cond_scale)
         assert torch.equal(cached, plain), (seed, cached, plain)
         assert not torch.equal(cached[0], cached[1])
 
@@ -211,26 +212,33 @@ def test_decoding_never_reads_the_device_on_the_host() -> None:
     assert seen == []
 
 
-def test_compiled_sampling_equals_eager() -> None:
-    """The one torch.compile test (compiling takes tens of seconds on CPU): all five
-    patterns in one model, with --rotary_emb and --shift_tokens on (their decode-step
-    state compiles too), batch 2, two calls. Same tokens as the eager decoder, and one
-    graph for every position. Bugs: the position baked in as a constant (a recompile per
-    token, then dynamo's limit and a silent fall back to eager), a graph break that
-    fullgraph refuses, a compiled step that reads a stale cache; a rotation table or a
-    shift slot indexed by a Python int."""
-    from torch._dynamo.utils import counters
-
+def compile_test_model() -> DALLE:
+    """The model the compiled decoders are tested on: all five patterns, --rotary_emb and
+    --shift_tokens on (their decode-step state compiles too). Compiling it takes tens of
+    seconds on CPU, once per session: a decoder of the same shapes compiles from
+    Inductor's cache (test_guidance's compiled guided decoder: batch 2, doubled to 4)."""
     torch.manual_seed(0)
     model = DALLE(dataclasses.replace(SMALL, attn_types=PATTERN_SETS[-1], depth=5,
                                       rotary_emb=True, shift_tokens=True)).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.3)
-    eager, compiled = StaticDecoder(model, 2), StaticDecoder(model, 2, compiled=True)
+    return model
+
+
+def test_compiled_sampling_equals_eager() -> None:
+    """The torch.compile test (compile_test_model), batch 4, two calls. Same tokens as
+    the eager decoder, and one graph for every position. Bugs: the position baked in as a
+    constant (a recompile per token, then dynamo's limit and a silent fall back to
+    eager), a graph break that fullgraph refuses, a compiled step that reads a stale
+    cache; a rotation table or a shift slot indexed by a Python int."""
+    from torch._dynamo.utils import counters
+
+    model = compile_test_model()
+    eager, compiled = StaticDecoder(model, 4), StaticDecoder(model, 4, compiled=True)
     graphs_before = counters["stats"]["unique_graphs"]
     for seed in (0, 1):
-        text = _captions(2, seed)
+        text = _captions(4, seed)
         want = eager.sample(text, 0.0, 1.0, torch.Generator().manual_seed(seed))
         got = compiled.sample(text, 0.0, 1.0, torch.Generator().manual_seed(seed))
         assert torch.equal(got, want), (seed, got, want)

@@ -3,8 +3,9 @@ precision, and which to use. Model flags are `train`'s, with its defaults.
 
 --json prints one object (all sizes in bytes):
   version             1
-  model               {"dalle": DALLEConfig dict, "vae": VAEConfig dict}
-  parameters          {"dalle": int, "vae": int}
+  model               {"dalle": DALLEConfig dict, "vae": VAEConfig dict, or the VQGAN's
+                      config dict (its "tokenizer" is "vqgan") with --vqgan_config_path}
+  parameters          {"dalle": int, "vae": int}  (vae: the VAE's or the VQGAN's)
   sequence            {"text": int, "image": int, "length": int}  (length = text + image - 1)
   layers              [{"pattern": str, "path": str}]  (the attention path on --device)
   batch_size, gpus    the global batch and the GPUs it is split over
@@ -21,10 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from dalle_dist.checkpoint.taming import TamingConfig
 from dalle_dist.config_base import add_flags, from_args
 from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.errors import ConfigError
 from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
+from dalle_dist.model.vqgan import VQGANConfig
 from dalle_dist.train.config import TrainConfig
 
 _BYTE_VOCAB = 257  # data.tokenizer.ByteTokenizer.vocab_size: UTF-8 bytes + padding id 0
@@ -49,6 +52,15 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
                                 "--num_text_tokens"})
     add_flags(model, ComputeConfig, exclude=["no_tf32"])  # TF32 changes no memory
     add_flags(p.add_argument_group("VAE and data (as `train-vae`)"), VAEConfig, only=_VAE_SHAPE)
+    add_flags(p.add_argument_group("VQGAN image tokenizer (as `train`), instead of a VAE"),
+              TamingConfig, help={
+                  "taming": "size a taming-transformers VQGAN instead of a VAE; needs "
+                            "--vqgan_config_path",
+                  "vqgan_model_path": "the VQGAN's checkpoint, as `train` takes it (optional "
+                                      "here: plan reads no weights)",
+                  "vqgan_config_path": "the VQGAN's model.yaml: its ddconfig, embed_dim and "
+                                       "n_embed give the image size, the tokens and the "
+                                       "parameters (frozen weights + encode activations)"})
     plan = p.add_argument_group("plan")
     add_flags(plan, TrainConfig, only=["batch_size"],
               help={"batch_size": "global batch, split over the GPUs"})
@@ -66,19 +78,23 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from dalle_dist.cli.plan_vqgan import stand_in_vae, with_vqgan
     from dalle_dist.diagnose import plan
 
-    dalle_cfg, vae_cfg = _configs(args)
+    dalle_cfg, vae_cfg, vqgan = _configs(args)
     precisions = (plan.PRECISIONS if args.precision is None else
                   tuple(x.strip() for x in args.precision.split(",") if x.strip()))
     if not precisions:
         raise ConfigError("--precision is empty", f"give some of {', '.join(plan.PRECISIONS)}")
     memory = plan.parse_memory(args.gpu_memory)
-    rows = plan.estimate(dalle_cfg, args.batch_size, args.gpus, vae=vae_cfg,
+    stand_in = vae_cfg if vqgan is None else stand_in_vae(vqgan)
+    rows = plan.estimate(dalle_cfg, args.batch_size, args.gpus, vae=stand_in,
                          precisions=precisions, device=args.device, attn_impl=args.attn_impl,
                          activation_checkpointing=args.activation_checkpointing)
+    if vqgan is not None:
+        rows = with_vqgan(rows, vqgan, stand_in, args.device)
     advice = plan.recommend(rows, memory)
-    report = _report(dalle_cfg, vae_cfg, rows, args, memory, advice)
+    report = _report(dalle_cfg, vqgan or vae_cfg, rows, args, memory, advice)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -86,7 +102,10 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _configs(args: argparse.Namespace) -> tuple[DALLEConfig, VAEConfig]:
+def _configs(args: argparse.Namespace) -> tuple[DALLEConfig, VAEConfig, VQGANConfig | None]:
+    """The DALL-E, the VAE flags' config, and the VQGAN (None: no --taming / --vqgan_*),
+    which then sets the image tokens in place of the VAE flags."""
+    from dalle_dist.cli.plan_vqgan import read_plan_vqgan
     from dalle_dist.model import PatternOptions, build_pattern
 
     vocab = args.num_text_tokens
@@ -99,18 +118,30 @@ def _configs(args: argparse.Namespace) -> tuple[DALLEConfig, VAEConfig]:
         raise ConfigError(f"--num_text_tokens must be at least 2, got {vocab}")
     vae = from_args(VAEConfig, args)
     vae.validate()
+    vqgan = read_plan_vqgan(args.taming, args.vqgan_model_path, args.vqgan_config_path)
+    image: VAEConfig | VQGANConfig = vae
+    if vqgan is not None:
+        defaults = VAEConfig()
+        given = [f"--{name}" for name in _VAE_SHAPE
+                 if getattr(vae, name) != getattr(defaults, name)]
+        if given:
+            raise ConfigError(f"{', '.join(given)} and --vqgan_config_path both shape the "
+                              "image tokens", f"drop {', '.join(given)}: the VQGAN's config "
+                              "sets the image size and the tokens")
+        image = vqgan
     dalle = from_args(DALLEConfig, args, num_text_tokens=vocab,
-                      num_image_tokens=vae.num_tokens, image_fmap_size=vae.fmap_size)
+                      num_image_tokens=image.num_tokens, image_fmap_size=image.fmap_size)
     dalle.validate()
     options = PatternOptions(dalle.conv_kernel_size, dalle.conv_dilation,
                              dalle.sparse_random_blocks)
     for name in dalle.attn_types:
         build_pattern(name, options)  # unknown names and bad pattern knobs are ConfigErrors
-    return dalle, vae
+    return dalle, vae, vqgan
 
 
-def _report(dalle_cfg: object, vae_cfg: VAEConfig, rows: list, args: argparse.Namespace,
-            memory: int, advice: str) -> dict:
+def _report(dalle_cfg: object, vae_cfg: VAEConfig | VQGANConfig, rows: list,
+            args: argparse.Namespace, memory: int, advice: str) -> dict:
+    from dalle_dist.cli.plan_vqgan import vqgan_parameters
     from dalle_dist.diagnose import plan
 
     budget = int(memory * plan.USABLE_FRACTION)
@@ -119,7 +150,9 @@ def _report(dalle_cfg: object, vae_cfg: VAEConfig, rows: list, args: argparse.Na
     return {
         "version": 1,
         "model": {"dalle": c.to_dict(), "vae": vae_cfg.to_dict()},
-        "parameters": {"dalle": plan.dalle_parameters(c), "vae": plan.vae_parameters(vae_cfg)},
+        "parameters": {"dalle": plan.dalle_parameters(c),
+                       "vae": (vqgan_parameters(vae_cfg) if isinstance(vae_cfg, VQGANConfig)
+                               else plan.vae_parameters(vae_cfg))},
         "sequence": {"text": c.text_seq_len + 1, "image": c.image_seq_len,
                      "length": c.text_seq_len + c.image_seq_len},
         "layers": [{"pattern": pattern, "path": path} for pattern, path in layers],
@@ -137,14 +170,16 @@ def _report(dalle_cfg: object, vae_cfg: VAEConfig, rows: list, args: argparse.Na
 
 def _human(report: dict) -> str:
     from dalle_dist.diagnose.plan import format_bytes
+    from dalle_dist.model.image_tokenizer import is_vqgan_config
 
     seq = report["sequence"]
     counts: dict[str, int] = {}
     for layer in report["layers"]:
         key = f"{layer['pattern']} ({layer['path']})"
         counts[key] = counts.get(key, 0) + 1
+    tokenizer = "VQGAN" if is_vqgan_config(report["model"]["vae"]) else "VAE"
     lines = [
-        f"DALL-E {report['parameters']['dalle'] / 1e6:.2f}M parameters, VAE "
+        f"DALL-E {report['parameters']['dalle'] / 1e6:.2f}M parameters, {tokenizer} "
         f"{report['parameters']['vae'] / 1e6:.2f}M (frozen); sequence {seq['length']} = "
         f"{seq['text']} text + {seq['image']} image - 1; layers: "
         + ", ".join(f"{n} x {k}" for k, n in counts.items()) + f" on {report['device']}"

@@ -16,6 +16,7 @@ works in [-1, 1], so the conversion happens here and nowhere else.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -272,8 +273,11 @@ class VectorQuantizer(nn.Module):
 
     def indices(self, z: Tensor) -> Tensor:
         """[b, d, h, w] -> [b, h*w] codebook ids, row-major. Distances in fp32 even under
-        autocast: neighbouring entries of a large codebook are closer than bf16 resolves."""
-        with torch.autocast(z.device.type, enabled=False):
+        autocast: neighbouring entries of a large codebook are closer than bf16 resolves.
+        (The meta device, on which `plan` sizes the encoder, has no autocast to turn off.)"""
+        device = z.device.type
+        with (torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device)
+              else contextlib.nullcontext()):
             flat = z.float().flatten(2).transpose(1, 2)  # [b, hw, d]
             codebook = self.embedding.weight.float()
             distances = (flat.pow(2).sum(-1, keepdim=True) + codebook.pow(2).sum(-1)
