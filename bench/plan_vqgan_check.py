@@ -6,7 +6,7 @@ land in the baseline), then measures a second encode as bench/plan_check.py meas
 training step: glibc maps every allocation over 64 KiB on its own (MALLOC_MMAP_THRESHOLD_),
 so freed tensors leave the resident set at once, and the peak resident set (VmHWM, reset
 through /proc/self/clear_refs) minus the resident set before the encode is its peak of
-live memory. The estimate is cli/plan_vqgan.vqgan_encode_bytes per image x batch, less the
+live memory. The estimate is diagnose/plan_vqgan.vqgan_encode_bytes per image x batch, less the
 image batch itself (already resident before the encode, as the loader's batch is).
 Prints JSON: per config, measured and estimated bytes and estimate / measured.
 """
@@ -59,7 +59,7 @@ def measure(fields: dict, batch: int) -> int:
 
 
 def estimated(fields: dict, batch: int) -> int:
-    from dalle_dist.cli.plan_vqgan import vqgan_encode_bytes
+    from dalle_dist.diagnose.plan_vqgan import vqgan_encode_bytes
     from dalle_dist.model.vqgan import VQGANConfig
 
     config = VQGANConfig(**fields)

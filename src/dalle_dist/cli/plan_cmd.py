@@ -78,8 +78,8 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from dalle_dist.cli.plan_vqgan import stand_in_vae, with_vqgan
     from dalle_dist.diagnose import plan
+    from dalle_dist.diagnose.plan_vqgan import stand_in_vae, with_vqgan
 
     dalle_cfg, vae_cfg, vqgan = _configs(args)
     precisions = (plan.PRECISIONS if args.precision is None else
@@ -105,7 +105,7 @@ def run_plan(args: argparse.Namespace) -> int:
 def _configs(args: argparse.Namespace) -> tuple[DALLEConfig, VAEConfig, VQGANConfig | None]:
     """The DALL-E, the VAE flags' config, and the VQGAN (None: no --taming / --vqgan_*),
     which then sets the image tokens in place of the VAE flags."""
-    from dalle_dist.cli.plan_vqgan import read_plan_vqgan
+    from dalle_dist.diagnose.plan_vqgan import read_plan_vqgan
     from dalle_dist.model import PatternOptions, build_pattern
 
     vocab = args.num_text_tokens
@@ -141,8 +141,8 @@ def _configs(args: argparse.Namespace) -> tuple[DALLEConfig, VAEConfig, VQGANCon
 
 def _report(dalle_cfg: object, vae_cfg: VAEConfig | VQGANConfig, rows: list,
             args: argparse.Namespace, memory: int, advice: str) -> dict:
-    from dalle_dist.cli.plan_vqgan import vqgan_parameters
     from dalle_dist.diagnose import plan
+    from dalle_dist.diagnose.plan_vqgan import vqgan_parameters
 
     budget = int(memory * plan.USABLE_FRACTION)
     c = dalle_cfg

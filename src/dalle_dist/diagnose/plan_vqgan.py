@@ -7,7 +7,7 @@ diagnose/plan.py gives the DiscreteVAE's: frozen fp32 weights resident on every 
 (`vae_params`), and the `vae` phase before the forward (`vae_activations`).
 
 Encode bytes are counted as the VAE's are (plan.vae_activation_bytes, which this reproduces
-exactly for a DiscreteVAE: tests/cli/test_plan_vqgan.py): every tensor an op allocates,
+exactly for a DiscreteVAE: tests/test_plan_vqgan.py): every tensor an op allocates,
 alive until its last reference goes, under no_grad in fp32, plus the image batch; on CPU
 each convolution also makes a blocked-layout copy of the larger of its input and output
 (oneDNN's reorder). On the meta device SDPA takes its math path, so the attention blocks'

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from dalle_dist.checkpoint.taming import read_vqgan_config
-from dalle_dist.cli.plan_vqgan import encode_bytes, vqgan_encode_bytes, with_vqgan
 from dalle_dist.diagnose import plan
+from dalle_dist.diagnose.plan_vqgan import encode_bytes, vqgan_encode_bytes, with_vqgan
 from dalle_dist.model import DALLEConfig, DiscreteVAE, VAEConfig
 from dalle_dist.model.vqgan import VQGAN
 from tests.conftest import assert_user_error
 from tests.test_plan import plan_main
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vqgan"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vqgan"
 YAML = FIXTURE / "tiny_vqgan.yaml"  # 16 px -> 8 x 8 tokens of 32
 ARGS = ["--json", "--precision", "fp32,bf16", "--gpus", "2", "--batch_size", "8",
         "--device", "cpu", "--depth", "2"]
@@ -92,7 +92,7 @@ def test_a_large_vqgans_encode_sets_the_peak(tmp_path: Path) -> None:
     assert 70e6 < weights < 80e6  # the encoder, decoder and codebook (no discriminator)
     dalle = DALLEConfig(num_text_tokens=257, text_seq_len=16, num_image_tokens=16384,
                         image_fmap_size=16, dim=64, depth=1, heads=2, dim_head=32)
-    from dalle_dist.cli.plan_vqgan import stand_in_vae
+    from dalle_dist.diagnose.plan_vqgan import stand_in_vae
 
     stand_in = stand_in_vae(config)
     rows = with_vqgan(plan.estimate(dalle, 4, 2, vae=stand_in, precisions=("bf16",)),
