@@ -7,7 +7,7 @@ line differs, as in real runs, in its numbers (steps, times, ranks); doctor's su
 prefilter reads distinct lines with digits folded, so such a log costs little more than
 splitting it. `--distinct` also appends a different hex word to every line (a log whose
 lines differ in letters too, e.g. run ids or file hashes): the worst case, where every
-line is scanned. Times diagnose() on it (best of --repeats) and prints JSON: lines,
+line is scanned for each literal the log's words do not rule out first. Times diagnose() on it (best of --repeats) and prints JSON: lines,
 megabytes, seconds, lines per second, and the category found (cuda-oom expected: the
 bench also checks doctor still reads the failure at the end of a long log).
 """

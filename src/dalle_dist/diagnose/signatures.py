@@ -751,7 +751,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "nccl-network", "nccl-comm",
         (r"unhandled system error",
-         r"ncclSystemError|ncclInternalError",
+         r"ncclSystemError", r"ncclInternalError",   # apart: each a literal for the prefilter
          r"NCCL WARN .*(?:[Cc]onnect|[Ss]ocket|NET/|[Tt]imeout|[Ii]nterface)",
          r"The client socket has timed out after .* while trying to connect to",
          r"Timed out after \d+ seconds waiting for clients",
@@ -840,7 +840,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "nccl-error", "nccl-comm",
         (r"NCCL error in: ",
-         r"\bncclUnhandledCudaError\b|\bncclInvalidArgument\b",
+         r"\bncclUnhandledCudaError\b", r"\bncclInvalidArgument\b",
          r"DistBackendError",
          r"\bNCCL WARN\b"),
         "NCCL failed between the ranks (its warnings name the step: topology, shared "
