@@ -89,10 +89,17 @@ UNKNOWN = "unknown"
 # Context for entries that only mean fp16 trouble when fp16 was on.
 _FP16_ON = (r"--precision[ =]fp16", r"--fp16\b", r"--amp\b", r"fp16_enabled\W+True",
             r'"fp16":\s*\{\s*"enabled":\s*true', r"Attempted loss scale",
-            r"Gradient overflow\.", r"torch\.float16", r"opt_level")
+            r"Gradient overflow\.", r"torch\.float16", r"opt_level",
+            # mmcv/mmengine configs; torch's own AMP (GradScaler is for fp16 only)
+            r"(?<![\w.])fp16\s*=\s*dict\(", r"Fp16OptimizerHook", r"AmpOptimWrapper",
+            r"GradScaler\(", r"\bscaler\.scale\(",
+            # a config, script or log file named for fp16 (mmdetection's
+            # configs/fp16/*_fp16_*.py, a user's train_fp16.log)
+            r"(?i)(?<![a-z0-9])fp16(?![a-z0-9])[\w./-]*\.(?:py|sh|ya?ml|json|txt|log|cfg)\b")
 
-# "loss=nan" (tqdm), "loss - nan" (DALLE-pytorch), "loss: nan", '"loss": NaN' (JSON lines).
-_NAN_LOSS = r"(?i)\bloss['\"]?[ \t]*[:=-]?[ \t]*nan\b"
+# "loss=nan" (tqdm), "loss - nan" (DALLE-pytorch), "loss: nan", '"loss": NaN' (JSON lines),
+# "Loss is nan, stopping training" (DETR, and DeiT, MAE and the models built on them).
+_NAN_LOSS = r"(?i)\bloss['\"]?(?:[ \t]*[:=-]?[ \t]*|[ \t]+is[ \t]+)nan\b"
 _TORCH_ENV = ('python -c "import torch; print(torch.__version__, torch.version.cuda, '
               'torch.cuda.is_available(), torch.cuda.device_count())"')
 # One all-reduce over NCCL, nothing of dalle_dist: does the wire work at all?
@@ -103,6 +110,19 @@ _NCCL_CHECK = ("NCCL_DEBUG=INFO torchrun --nproc_per_node 2 --no-python python -
 # One all-reduce over Horovod's gloo controller, nothing of dalle_dist.
 _HOROVOD_CHECK = ('horovodrun -np 2 --gloo python -c "import horovod.torch as hvd, torch; '
                   'hvd.init(); print(hvd.allreduce(torch.ones(1)))"')
+# DeepSpeed's JIT-built ops, by the names its op builders give them (op_builder/*.py NAME):
+# "Error building extension 'cpu_adam'" is DeepSpeed's even when the trimmed log never
+# says DeepSpeed. Generic names (utils, transformer, quantizer) are left out: other
+# projects build extensions named so.
+_DS_OPS = ("async_io", "cpu_adagrad", "cpu_adam", "cpu_lion", "evoformer_attn",
+           "fp_quantizer", "fused_adam", "fused_lamb", "fused_lion", "inference_core_ops",
+           "ragged_device_ops", "ragged_ops", "random_ltd", "sparse_attn",
+           "spatial_inference", "stochastic_transformer", "transformer_inference")
+# Context that a C++/CUDA extension build in the log is DeepSpeed's: torch's extension
+# builder, ninja and nvcc word every project's build alike (one entry per word, so each
+# has a literal run for doctor's prefilter).
+_DS_BUILD_CONTEXT = (r"(?i)deepspeed", r"op_builder", r"\bds_report\b",
+                     *(rf"\b{op}\b" for op in _DS_OPS))
 _DS_OPS_FIX = ("install the CUDA toolkit whose major.minor matches torch.version.cuda, "
                "with nvcc on PATH and CUDA_HOME set, plus ninja; or pip install a DeepSpeed "
                "release with prebuilt ops; or avoid the op (dalle_dist's default "
@@ -352,6 +372,16 @@ SIGNATURES: tuple[Signature, ...] = (
         "use --attn_types with dalle_dist's mask-based sparse pattern, which needs no "
         "DeepSpeed kernel",
         "ds_report | grep -i sparse"),
+    Signature(
+        "ds-sparse-attention-fp16-only", "sparse-attn-triton",
+        (r"(?i)sparse attention only supports (?:training in )?fp16",),
+        "DeepSpeed's sparse attention (its Triton kernels) runs in fp16 only, and this run "
+        "gave it fp32 tensors (often at sampling or evaluation time, outside the fp16 "
+        "engine); older DeepSpeed and Triton releases are needed for it at all",
+        "run the model in fp16 where it uses DeepSpeed's sparse attention, or use "
+        "dalle_dist's mask-based sparse pattern (--attn_types), which needs no DeepSpeed "
+        "kernel and runs in any precision",
+        "ds_report | grep -i sparse"),
     # -- DeepSpeed ops --------------------------------------------------------------------
     Signature(
         "ds-cuda-home-missing", "deepspeed-op-build",
@@ -383,7 +413,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "install the toolkit matching torch.version.cuda (or a torch matching the toolkit) "
         "and point CUDA_HOME at it; or use a DeepSpeed wheel with prebuilt ops",
         'nvcc --version; python -c "import torch; print(torch.version.cuda)"',
-        requires=(r"(?i)deepspeed",)),
+        requires=_DS_BUILD_CONTEXT),
     Signature(
         "ds-ninja-missing", "deepspeed-op-build",
         (r"Unable to JIT load the (?P<op>\w+) op due to ninja not being installed",
@@ -406,7 +436,10 @@ SIGNATURES: tuple[Signature, ...] = (
          r"torch_extensions[/\\][^\n]*\.so: cannot open shared object file"),
         "a DeepSpeed C++/CUDA op failed to compile (see the compiler errors above it)",
         _DS_OPS_FIX,
-        "ds_report"),
+        "ds_report",
+        # torch's extension builder, ninja and nvcc word every project's build alike: a
+        # build is DeepSpeed's only when the log names DeepSpeed or one of its ops.
+        requires=_DS_BUILD_CONTEXT),
     # -- DeepSpeed not there ----------------------------------------------------------------
     Signature(
         "deepspeed-not-installed", "deepspeed-missing",
@@ -516,6 +549,19 @@ SIGNATURES: tuple[Signature, ...] = (
         "nothing; rebuild Apex with its extensions only for speed",
         'python -c "import amp_C"',
         benign=True),
+    # Libraries that use Apex only when it is there say it is missing and carry on
+    # (Megatron's "Apex is not installed. Falling back to Torch LayerNorm"); listed before
+    # apex-not-installed, this claims such a line.
+    Signature(
+        "apex-optional-missing", BENIGN,
+        (r"(?i)\bapex (?:is not|isn't|was not|not) (?:installed|available|found)\b[^\n]*"
+         r"\b(?:fall(?:ing)? ?back|defaulting to|trying to continue|continuing|using "
+         r"(?:torch|pytorch|native)|instead)\b",),
+        "a library found no NVIDIA Apex and uses its own or torch's kernels instead: "
+        "slower at most, nothing fails",
+        "nothing; install Apex only for those kernels",
+        'python -c "import apex"',
+        benign=True),
     Signature(
         "dalle-dist-amp-fallback", BENIGN,
         (r"--amp: (?:NVIDIA Apex with apex\.amp is not importable|Apex amp needs CUDA)",),
@@ -602,7 +648,10 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "apex-not-installed", "apex-missing-or-wrong",
         (r"No module named '?apex'?(?![.\w])",
-         r"(?i)please install apex from https?://(?:www\.)?github\.com/nvidia/apex"),
+         r"(?i)please install apex from https?://(?:www\.)?github\.com/nvidia/apex",
+         # timm, transformers' old Trainer, NeMo: "... but APEX is not installed",
+         # "Apex was not found. Please see ..." (apex-optional-missing claims notices)
+         r"(?i)\b(?:nvidia )?apex (?:is not|isn't|was not|not) (?:installed|available|found)\b"),
         "NVIDIA Apex is not installed (it is not on PyPI)",
         "use native mixed precision (--precision fp16 or bf16); Apex is optional",
         'python -c "import apex"'),
@@ -809,8 +858,9 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "gloo-timeout", "nccl-comm",
         (r"Timed out waiting \d+ ?ms for (?:recv|send) operation to complete",
-         r"gloo/transport/tcp/\w+\.cc:\d+\].*(?:Connection (?:closed|reset) by peer|"
+         r"gloo/transport/tcp/\w+\.(?:cc|h):\d+\].*(?:Connection (?:closed|reset) by peer|"
          r"Timed out|Connect timeout|Connection refused)",
+         r"Gloo connectFullMesh failed",
          r"gloo::IoException",
          r"gloo::EnforceNotMet"),
         "a gloo collective (CPU training, or Horovod's coordination over gloo) waited past its "
@@ -870,11 +920,20 @@ SIGNATURES: tuple[Signature, ...] = (
          r"\[Errno 28\]",
          r"Disk quota exceeded",
          r"PytorchStreamWriter failed writing file",
+         r"inline_container\.cc:\d+\] \. unexpected pos \d+ vs \d+",   # torch.save, torch 1.x
          r"write\(\): fd \d+ failed with"),
         "the disk filled up (checkpoints, samples or compiled op caches)",
         "free space or point the output elsewhere; --keep_n_checkpoints limits old "
         "checkpoints",
         "df -h ."),
+    Signature(
+        "checkpoint-file-unwritable", "other",
+        (r"File .+ cannot be opened\.",),   # torch.save's PyTorchFileWriter
+        "torch.save could not create its file: the disk is full, or the folder is missing "
+        "or not writable",
+        "free space or point the output elsewhere (--keep_n_checkpoints limits old "
+        "checkpoints), and check that the output folder exists and is writable",
+        "df -h .; ls -ld OUTPUT_DIR"),
     Signature(
         "shared-memory-exhausted", "other",
         (r"insufficient shared memory \(shm\)",
@@ -891,10 +950,10 @@ SIGNATURES: tuple[Signature, ...] = (
         (_NAN_LOSS,
          r"returned nan values in its \d+th output",
          r"Loss became infinite or NaN"),   # detectron2's trainer
-        "the loss became NaN without fp16: the learning rate is too high or a batch holds "
-        "bad values",
-        "lower --learning_rate, keep --clip_grad_norm, and check the data; resume from a "
-        "checkpoint saved before the NaN",
+        "the loss became NaN and the log shows no fp16: the learning rate is too high or a "
+        "batch holds bad values (or fp16 autocast was on by default, unseen in the log)",
+        "lower --learning_rate, keep --clip_grad_norm, and check the data; if the code runs "
+        "under fp16 autocast, try bf16 or fp32; resume from a checkpoint saved before the NaN",
         "grep -in 'nan' LOGFILE | head"),
     Signature(
         "dalle-dist-error", "other",
