@@ -403,6 +403,11 @@ def test_optional_triton_notice_is_harmless_but_triton_failures_are_not() -> Non
     ("    scaler.scale(loss).backward()\nLoss is nan, stopping training", "fp16-overflow"),
     ("    self.scaler = torch.cuda.amp.GradScaler(init_scale=2**14)\n"
      "Epoch: [3] loss: nan (nan)", "fp16-overflow"),
+    ("FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated. Please use "
+     "`torch.amp.autocast('cuda', args...)` instead.\nLoss is nan, stopping training",
+     "fp16-overflow"),
+    ("    with torch.cuda.amp.autocast(dtype=torch.bfloat16):\nLoss is nan, stopping training",
+     "other"),
     ("RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/"
      "tcp/pair.cc:144] no error", "nccl-comm"),
     ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.h:210] Connection "
@@ -420,16 +425,17 @@ def test_optional_triton_notice_is_harmless_but_triton_failures_are_not() -> Non
      "architecture 'compute_89'", "deepspeed-op-build"),
 ], ids=["transformers-apex", "nemo-apex", "detr-nan", "mmdet-fp16-config-file",
         "mmcv-fp16-dict", "mmengine-amp-wrapper", "mmcv-fp16-hook", "torch-amp-scaler",
-        "torch-amp-gradscaler", "gloo-full-mesh", "gloo-header", "ds-sparse-fp32",
-        "torch-save-unwritable", "torch-save-disk-full", "ds-op-by-name",
-        "ds-op-named-in-build"])
+        "torch-amp-gradscaler", "torch-autocast-fp16", "torch-autocast-bf16",
+        "gloo-full-mesh", "gloo-header", "ds-sparse-fp32", "torch-save-unwritable",
+        "torch-save-disk-full", "ds-op-by-name", "ds-op-named-in-build"])
 def test_wordings_beyond_the_heldout_logs(text: str, category: str) -> None:
     """Round 3's rules, each in another project's wording than the heldout log that showed
     it was missing: Apex absent as transformers and NeMo say it; a NaN loss as DETR-style
-    loops print it; fp16 seen in an fp16 config file name, an mmcv/mmengine config or
-    torch's GradScaler; gloo failing to connect its mesh (a header-file location too);
-    DeepSpeed's sparse attention given fp32; torch.save unable to write; a DeepSpeed op
-    named by its op name only. Fails when a rule is removed or keys on one log's words."""
+    loops print it; fp16 seen in an fp16 config file name, an mmcv/mmengine config,
+    torch's GradScaler or CUDA autocast (not a bf16 one); gloo failing to connect its
+    mesh (a header-file location too); DeepSpeed's sparse attention given fp32; torch.save
+    unable to write; a DeepSpeed op named by its op name only. Fails when a rule is
+    removed or keys on one log's words."""
     assert diagnose(text).category == category
 
 

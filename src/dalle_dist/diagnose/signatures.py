@@ -93,6 +93,9 @@ _FP16_ON = (r"--precision[ =]fp16", r"--fp16\b", r"--amp\b", r"fp16_enabled\W+Tr
             # mmcv/mmengine configs; torch's own AMP (GradScaler is for fp16 only)
             r"(?<![\w.])fp16\s*=\s*dict\(", r"Fp16OptimizerHook", r"AmpOptimWrapper",
             r"GradScaler\(", r"\bscaler\.scale\(",
+            # CUDA autocast runs in fp16 unless given another dtype (its deprecation
+            # warning names it too)
+            r"cuda\.amp\.autocast\((?![^)\n]*bfloat16)",
             # a config, script or log file named for fp16 (mmdetection's
             # configs/fp16/*_fp16_*.py, a user's train_fp16.log)
             r"(?i)(?<![a-z0-9])fp16(?![a-z0-9])[\w./-]*\.(?:py|sh|ya?ml|json|txt|log|cfg)\b")
@@ -920,7 +923,7 @@ SIGNATURES: tuple[Signature, ...] = (
          r"\[Errno 28\]",
          r"Disk quota exceeded",
          r"PytorchStreamWriter failed writing file",
-         r"inline_container\.cc:\d+\] \. unexpected pos \d+ vs \d+",   # torch.save, torch 1.x
+         r"\bunexpected pos \d+ vs \d+",   # torch.save's writer (torch 1.x) on a full disk
          r"write\(\): fd \d+ failed with"),
         "the disk filled up (checkpoints, samples or compiled op caches)",
         "free space or point the output elsewhere; --keep_n_checkpoints limits old "
