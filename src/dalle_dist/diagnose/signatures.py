@@ -95,7 +95,7 @@ _FP16_ON = (r"--precision[ =]fp16", r"--fp16\b", r"--amp\b", r"fp16_enabled\W+Tr
             r"GradScaler\(", r"\bscaler\.scale\(",
             # CUDA autocast runs in fp16 unless given another dtype (its deprecation
             # warning names it too)
-            r"cuda\.amp\.autocast\((?![^)\n]*bfloat16)",
+            r"cuda\.amp\.autocast\((?![^)]*bfloat16)",
             # a config, script or log file named for fp16 (mmdetection's
             # configs/fp16/*_fp16_*.py, a user's train_fp16.log)
             r"(?i)(?<![a-z0-9])fp16(?![a-z0-9])[\w./-]*\.(?:py|sh|ya?ml|json|txt|log|cfg)\b")
