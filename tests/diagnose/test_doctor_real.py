@@ -419,6 +419,10 @@ def test_optional_triton_notice_is_harmless_but_triton_failures_are_not() -> Non
      "other"),
     ("RuntimeError: [enforce fail at inline_container.cc:300] . unexpected pos 2918528 vs "
      "2918416", "other"),
+    ("ValueError: Your setup doesn't support bf16/gpu. You need torch>=1.10, using Ampere "
+     "GPU with cuda>=11.0", "cuda-unavailable-or-mismatch"),
+    ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least "
+     "8.0. Your Tesla T4 GPU has compute capability 7.5.", "cuda-unavailable-or-mismatch"),
     ("RuntimeError: Error building extension 'transformer_inference'",
      "deepspeed-op-build"),
     ("Building extension module fused_adam...\nnvcc fatal   : Unsupported gpu "
@@ -427,15 +431,16 @@ def test_optional_triton_notice_is_harmless_but_triton_failures_are_not() -> Non
         "mmcv-fp16-dict", "mmengine-amp-wrapper", "mmcv-fp16-hook", "torch-amp-scaler",
         "torch-amp-gradscaler", "torch-autocast-fp16", "torch-autocast-bf16",
         "gloo-full-mesh", "gloo-header", "ds-sparse-fp32", "torch-save-unwritable",
-        "torch-save-disk-full", "ds-op-by-name", "ds-op-named-in-build"])
+        "torch-save-disk-full", "transformers-bf16", "vllm-bf16", "ds-op-by-name",
+        "ds-op-named-in-build"])
 def test_wordings_beyond_the_heldout_logs(text: str, category: str) -> None:
     """Round 3's rules, each in another project's wording than the heldout log that showed
     it was missing: Apex absent as transformers and NeMo say it; a NaN loss as DETR-style
     loops print it; fp16 seen in an fp16 config file name, an mmcv/mmengine config,
     torch's GradScaler or CUDA autocast (not a bf16 one); gloo failing to connect its
     mesh (a header-file location too); DeepSpeed's sparse attention given fp32; torch.save
-    unable to write; a DeepSpeed op named by its op name only. Fails when a rule is
-    removed or keys on one log's words."""
+    unable to write; bf16 asked of a GPU without it (transformers, vLLM); a DeepSpeed op
+    named by its op name only. Fails when a rule is removed or keys on one log's words."""
     assert diagnose(text).category == category
 
 

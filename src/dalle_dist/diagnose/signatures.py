@@ -311,7 +311,11 @@ SIGNATURES: tuple[Signature, ...] = (
         "dalle-dist check --backend deepspeed --precision fp16"),
     Signature(
         "bf16-unsupported", "cuda-unavailable-or-mismatch",
-        (r"this GPU has no bf16", r"Type bf16 is not supported on your device"),
+        (r"this GPU has no bf16", r"Type bf16 is not supported on your device",
+         # transformers' TrainingArguments ("Your setup doesn't support bf16/gpu"), vLLM,
+         # torch.cuda.is_bf16_supported() checks in training scripts
+         r"(?i)\b(?:does ?n[o']t|does not|not) support (?:bf16|bfloat16)\b",
+         r"(?i)\bbfloat16 is only supported on GPUs with compute capability"),
         "bf16 was asked for on a GPU without bf16 support (compute capability below 8.0)",
         "use --precision fp16 (or fp32) on this GPU",
         "dalle-dist check --precision bf16"),
