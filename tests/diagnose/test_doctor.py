@@ -50,6 +50,7 @@ EXPECTED_SIGNATURE: dict[str, str | None] = {
     "apex-missing-or-wrong__deepspeed-amp-block": "deepspeed-amp-removed",
     "apex-missing-or-wrong__fused-layer-norm-cuda": "apex-extensions-missing",
     "apex-missing-or-wrong__megatron-no-module-apex": "apex-not-installed",
+    "apex-missing-or-wrong__amp-c-undefined-symbol": "apex-extension-stale",
     "apex-missing-or-wrong__module-has-no-attribute-amp": "apex-amp-missing",
     "batch-size__captured-torchrun-cpu-odd-batch": "batch-not-divisible",
     "batch-size__dalle-dist-ds-micro-mismatch": "batch-not-divisible",

@@ -423,6 +423,15 @@ def test_optional_triton_notice_is_harmless_but_triton_failures_are_not() -> Non
      "GPU with cuda>=11.0", "cuda-unavailable-or-mismatch"),
     ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least "
      "8.0. Your Tesla T4 GPU has compute capability 7.5.", "cuda-unavailable-or-mismatch"),
+    ("ImportError: /usr/lib/python3/dist-packages/horovod/torch/mpi_lib_v2.cpython-38-x86_64-"
+     "linux-gnu.so: undefined symbol: _ZN3c1017RegisterOperatorsD1Ev", "horovod-not-built"),
+    ("ImportError: /usr/local/lib/python3.8/site-packages/fused_layer_norm_cuda.cpython-38-"
+     "x86_64-linux-gnu.so: undefined symbol: _ZN2at4_ops5zeros4callE", "apex-missing-or-wrong"),
+    ("ImportError: /venv/lib/python3.10/site-packages/deepspeed/ops/adam/cpu_adam_op.cpython-"
+     "310-x86_64-linux-gnu.so: undefined symbol: _ZN3c104cuda9SetDeviceEi",
+     "deepspeed-op-build"),
+    ("ImportError: /home/u/.cache/torch_extensions/py39_cu118/cpu_adam/cpu_adam.so: undefined "
+     "symbol: _ZN3c104cuda20CUDACachingAllocator9allocatorE", "deepspeed-op-build"),
     ("RuntimeError: Error building extension 'transformer_inference'",
      "deepspeed-op-build"),
     ("Building extension module fused_adam...\nnvcc fatal   : Unsupported gpu "
@@ -431,16 +440,19 @@ def test_optional_triton_notice_is_harmless_but_triton_failures_are_not() -> Non
         "mmcv-fp16-dict", "mmengine-amp-wrapper", "mmcv-fp16-hook", "torch-amp-scaler",
         "torch-amp-gradscaler", "torch-autocast-fp16", "torch-autocast-bf16",
         "gloo-full-mesh", "gloo-header", "ds-sparse-fp32", "torch-save-unwritable",
-        "torch-save-disk-full", "transformers-bf16", "vllm-bf16", "ds-op-by-name",
-        "ds-op-named-in-build"])
+        "torch-save-disk-full", "transformers-bf16", "vllm-bf16",
+        "horovod-undefined-symbol", "apex-undefined-symbol", "ds-prebuilt-undefined-symbol",
+        "ds-jit-undefined-symbol", "ds-op-by-name", "ds-op-named-in-build"])
 def test_wordings_beyond_the_heldout_logs(text: str, category: str) -> None:
     """Round 3's rules, each in another project's wording than the heldout log that showed
     it was missing: Apex absent as transformers and NeMo say it; a NaN loss as DETR-style
     loops print it; fp16 seen in an fp16 config file name, an mmcv/mmengine config,
     torch's GradScaler or CUDA autocast (not a bf16 one); gloo failing to connect its
     mesh (a header-file location too); DeepSpeed's sparse attention given fp32; torch.save
-    unable to write; bf16 asked of a GPU without it (transformers, vLLM); a DeepSpeed op
-    named by its op name only. Fails when a rule is removed or keys on one log's words."""
+    unable to write; bf16 asked of a GPU without it (transformers, vLLM); Horovod's, Apex's
+    or DeepSpeed's compiled extension built against another torch (undefined symbol); a
+    DeepSpeed op named by its op name only. Fails when a rule is removed or keys on one
+    log's words."""
     assert diagnose(text).category == category
 
 
@@ -451,7 +463,9 @@ def test_wordings_beyond_the_heldout_logs(text: str, category: str) -> None:
     "'['ninja', '-v']' returned non-zero exit status 1.",
     "RuntimeError: The detected CUDA version (12.1) mismatches the version that was used to "
     "compile PyTorch (11.8). Please make sure to use the same CUDA versions.",
-], ids=["nvcc-arch", "stylegan-op", "ninja", "torch-ext-cuda"])
+    "ImportError: /home/u/.cache/torch_extensions/py39_cu118/upfirdn2d/upfirdn2d.so: "
+    "undefined symbol: _ZN3c10",
+], ids=["nvcc-arch", "stylegan-op", "ninja", "torch-ext-cuda", "stylegan-stale-build"])
 def test_a_build_without_deepspeed_in_the_log_is_no_deepspeed_op(text: str) -> None:
     """torch's extension builder, ninja and nvcc word every project's C++/CUDA build alike
     (a StyleGAN op, a detector's own kernels): without DeepSpeed or one of its op names in

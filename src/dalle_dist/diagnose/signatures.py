@@ -440,7 +440,9 @@ SIGNATURES: tuple[Signature, ...] = (
          r"Command '\['ninja', '-v'\]' returned non-zero exit status",
          r"Error compiling objects for extension",
          r"\bin _run_ninja_build\b",
-         r"torch_extensions[/\\][^\n]*\.so: cannot open shared object file"),
+         r"torch_extensions[/\\][^\n]*\.so: (?:cannot open shared object file|undefined "
+         r"symbol)",   # a JIT build missing, or cached from another torch
+         r"[/\\]deepspeed[/\\][\w/\\.-]*\.so: undefined symbol"),   # prebuilt ops
         "a DeepSpeed C++/CUDA op failed to compile (see the compiler errors above it)",
         _DS_OPS_FIX,
         "ds_report",
@@ -504,7 +506,9 @@ SIGNATURES: tuple[Signature, ...] = (
          r"backend horovod cannot run here",
          r"module 'horovod\.torch' has no attribute '(?:init|allreduce|size|rank)'",
          r"'NoneType' object has no attribute '(?:init|allreduce|broadcast_parameters|"
-         r"broadcast_optimizer_state|DistributedOptimizer|local_rank|size)'"),
+         r"broadcast_optimizer_state|DistributedOptimizer|local_rank|size)'",
+         # its extension built against another torch than the one importing it
+         r"[/\\]horovod[/\\][\w/\\.-]*\.so[.\d]*: undefined symbol"),
         "Horovod is installed without its PyTorch extension (it failed to build, or was "
         "built before this torch)",
         "rebuild it: scripts/build_horovod.sh (HOROVOD_WITH_PYTORCH=1, C++17 against current "
@@ -652,6 +656,19 @@ SIGNATURES: tuple[Signature, ...] = (
         "--no-build-isolation --config-settings '--build-option=--cpp_ext' "
         "--config-settings '--build-option=--cuda_ext' ./apex), or use native precision",
         'python -c "import amp_C, fused_layer_norm_cuda"'),
+    Signature(
+        "apex-extension-stale", "apex-missing-or-wrong",
+        (r"(?:amp_C|apex_C|fused_layer_norm_cuda|fused_adam_cuda|syncbn|fused_dense_cuda|"
+         r"fused_mix_prec_layer_norm_cuda|mlp_cuda|fused_weight_gradient_mlp_cuda|"
+         r"scaled_upper_triang_masked_softmax_cuda|scaled_masked_softmax_cuda)"
+         r"[\w.-]*\.so: undefined symbol",
+         r"[/\\]apex[/\\][\w/\\.-]*\.so: undefined symbol"),
+        "NVIDIA Apex's C++/CUDA extensions were built against another torch than the one "
+        "importing them (undefined symbol): Apex must be rebuilt for this torch",
+        "rebuild Apex from source against the installed torch (pip install -v "
+        "--no-build-isolation ... ./apex after upgrading torch), or use native precision "
+        "(--precision fp16 or bf16), which needs no Apex",
+        'python -c "import torch, amp_C; print(torch.__version__)"'),
     Signature(
         "apex-not-installed", "apex-missing-or-wrong",
         (r"No module named '?apex'?(?![.\w])",
