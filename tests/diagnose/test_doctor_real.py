@@ -432,6 +432,14 @@ def test_optional_triton_notice_is_harmless_but_triton_failures_are_not() -> Non
      "deepspeed-op-build"),
     ("ImportError: /home/u/.cache/torch_extensions/py39_cu118/cpu_adam/cpu_adam.so: undefined "
      "symbol: _ZN3c104cuda20CUDACachingAllocator9allocatorE", "deepspeed-op-build"),
+    ("ValueError: Trying to set a tensor of shape torch.Size([0]) in \"weight\" (which has "
+     "shape torch.Size([32000, 4096])), this look incorrect.", "zero-checkpoint"),
+    ("ValueError: Some specified arguments are not used by the HfArgumentParser: "
+     "['--local-rank=1']", "launcher-args"),
+    ("ValueError: Some specified arguments are not used by the HfArgumentParser: "
+     "['--lora_rnak', '8']", "launcher-args"),
+    ("ValueError: batch_size should be a positive integer value, but got batch_size=0",
+     "batch-size"),
     ("RuntimeError: Error building extension 'transformer_inference'",
      "deepspeed-op-build"),
     ("Building extension module fused_adam...\nnvcc fatal   : Unsupported gpu "
@@ -442,7 +450,8 @@ def test_optional_triton_notice_is_harmless_but_triton_failures_are_not() -> Non
         "gloo-full-mesh", "gloo-header", "ds-sparse-fp32", "torch-save-unwritable",
         "torch-save-disk-full", "transformers-bf16", "vllm-bf16",
         "horovod-undefined-symbol", "apex-undefined-symbol", "ds-prebuilt-undefined-symbol",
-        "ds-jit-undefined-symbol", "ds-op-by-name", "ds-op-named-in-build"])
+        "ds-jit-undefined-symbol", "accelerate-zero3-placeholder", "hf-parser-local-rank",
+        "hf-parser-unknown", "batch-sampler-zero", "ds-op-by-name", "ds-op-named-in-build"])
 def test_wordings_beyond_the_heldout_logs(text: str, category: str) -> None:
     """Round 3's rules, each in another project's wording than the heldout log that showed
     it was missing: Apex absent as transformers and NeMo say it; a NaN loss as DETR-style
@@ -450,8 +459,10 @@ def test_wordings_beyond_the_heldout_logs(text: str, category: str) -> None:
     torch's GradScaler or CUDA autocast (not a bf16 one); gloo failing to connect its
     mesh (a header-file location too); DeepSpeed's sparse attention given fp32; torch.save
     unable to write; bf16 asked of a GPU without it (transformers, vLLM); Horovod's, Apex's
-    or DeepSpeed's compiled extension built against another torch (undefined symbol); a
-    DeepSpeed op named by its op name only. Fails when a rule is removed or keys on one
+    or DeepSpeed's compiled extension built against another torch (undefined symbol);
+    accelerate given ZeRO-3 placeholders; transformers' argument parser given torchrun's
+    --local-rank or an unknown flag; a per-rank batch rounded to 0; a DeepSpeed op named by
+    its op name only. Fails when a rule is removed or keys on one
     log's words."""
     assert diagnose(text).category == category
 
@@ -483,3 +494,12 @@ def test_optional_apex_notice_is_harmless() -> None:
     assert diagnose(notice + "\ntorch.OutOfMemoryError: CUDA out of memory.").category == \
         "cuda-oom"
     assert diagnose("Apex is not installed.").category == "apex-missing-or-wrong"
+
+
+def test_hf_parser_given_local_rank_is_the_launcher_flag() -> None:
+    """transformers' parser refusing torchrun's `--local-rank` is the local-rank mismatch
+    (whose fix says how to accept the flag), not any unknown argument. Fails when only the
+    generic bad-arguments reading matches it."""
+    line = ("ValueError: Some specified arguments are not used by the HfArgumentParser: "
+            "['--local-rank=1']")
+    assert diagnose(line).signature == "local-rank-unrecognized"

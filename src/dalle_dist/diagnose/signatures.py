@@ -694,7 +694,9 @@ SIGNATURES: tuple[Signature, ...] = (
         "zero3-placeholder-weights", "zero-checkpoint",
         (r"copying a param with shape torch\.Size\(\[[01]?\]\) from checkpoint",
          r"^\s*[\w.]+\.(?:weight|bias)\b['\"]?\s*[:=,]?\s*(?:shape\s*[:=]?\s*)?"
-         r"torch\.Size\(\[0\]\)"),
+         r"torch\.Size\(\[0\]\)",
+         # accelerate loading such a checkpoint into an empty model
+         r"Trying to set a tensor of shape torch\.Size\(\[0\]\) in "),
         "the checkpoint holds ZeRO-3 placeholders (empty or 1-element tensors) instead of "
         "weights: it was saved from a ZeRO-3 partitioned model without gathering the "
         "parameters",
@@ -753,6 +755,8 @@ SIGNATURES: tuple[Signature, ...] = (
         (r"too few for a batch of \d+ on each of \d+ ranks",
          r"WebDataset shards hold fewer than a batch",
          r"num_samples should be a positive integer value, but got num_samples=0",
+         # torch's BatchSampler given a per-rank batch that rounded down to 0
+         r"batch_size should be a positive integer value, but got batch_size=0",
          r"assert len\(indices\) == self\.(?:total_size|num_samples)",
          r"This DataLoader does not contain any batches"),
         "the dataset (or a rank's share of it) holds fewer samples than one batch",
@@ -772,7 +776,9 @@ SIGNATURES: tuple[Signature, ...] = (
     # -- launcher and command line --------------------------------------------------------
     Signature(
         "local-rank-unrecognized", "launcher-args",
-        (r"error: unrecognized arguments: .*--local[_-]rank",),
+        (r"error: unrecognized arguments: .*--local[_-]rank",
+         # transformers' parser, given torchrun's --local-rank
+         r"arguments are not used by the HfArgumentParser: .*--local[_-]rank"),
         "the launcher passes --local_rank (deepspeed, torch.distributed.launch) but the "
         "script's parser does not accept it",
         "launch dalle_dist as a module (deepspeed --module dalle_dist train ..., torchrun -m "
@@ -782,6 +788,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "bad-arguments", "launcher-args",
         (r"error: unrecognized arguments:",
+         r"Some specified arguments are not used by the HfArgumentParser",
          r"error: the following arguments are required:",
          r"error: argument [-\w/]+: (?:invalid|expected|ambiguous)",
          r"error: ambiguous option:",
