@@ -6,10 +6,12 @@ then one rank's CUDA OOM traceback and the other ranks' watchdog timeouts at the
 line differs, as in real runs, in its numbers (steps, times, ranks); doctor's substring
 prefilter reads distinct lines with digits folded, so such a log costs little more than
 splitting it. `--distinct` also appends a different hex word to every line (a log whose
-lines differ in letters too, e.g. run ids or file hashes): the worst case, where every
-line is scanned. Times diagnose() on it (best of --repeats) and prints JSON: lines,
-megabytes, seconds, lines per second, and the category found (cuda-oom expected: the
-bench also checks doctor still reads the failure at the end of a long log).
+lines differ in letters too, e.g. run ids or file hashes): the worst case, where the
+whole text is scanned for each literal the log's distinct words do not rule out first.
+Times diagnose() on it (best of --repeats) and prints JSON: lines, megabytes, seconds,
+lines per second, and the category found (cuda-oom expected: the bench also checks
+doctor still reads the failure at the end of a long log). To compare two versions in one
+session, run it twice with PYTHONPATH pointing at each one's src/.
 """
 
 from __future__ import annotations

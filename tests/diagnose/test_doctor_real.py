@@ -6,7 +6,8 @@ there for the category. `dev`: from DeepSpeed, PyTorch, Horovod, Apex and DALLE-
 the repositories the signatures were written against. `outside`: from other projects,
 collected apart as the first held-out set and scored once before anyone read it (61/77 =
 0.79); since then signatures are written against it too. `heldout`: from yet other
-projects, collected apart and not read while writing signatures, the honest measure. Every set
+projects, collected apart and scored blind once (40/48 = 0.833); round 3 of the signatures
+was written against its misses, so a fresh blind set is the honest measure now. Every set
 that is present is scored against its threshold in THRESHOLDS; a set expected but not yet
 merged is listed in PENDING_SETS, so its absence is stated here, not skipped silently,
 and its arrival fails test_real_sets_are_the_expected_ones until it is taken off the list.
@@ -28,11 +29,12 @@ from dalle_dist.diagnose.signatures import BENIGN, CATEGORIES, UNKNOWN
 
 REAL = Path(__file__).parent / "real"
 #: The least accuracy each real set must reach.
-#: heldout: issue 15 asks for 0.9; scored blind once, after the outside round, doctor read
-#: 40 of its 48 logs right (0.833; 2 wrong causes, 6 unknown). This floor keeps that; the
-#: goal is not met yet, and whoever writes signatures against these logs now needs a fresh
-#: held-out set to measure the next round.
-THRESHOLDS = {"dev": 0.97, "outside": 0.97, "heldout": 0.83}
+#: heldout: issue 15 asks for 0.9. Scored blind once, after the outside round, doctor read
+#: 40 of its 48 logs right (0.833). Round 3 then wrote signatures against its misses (46/48,
+#: 0.958), so like outside it is no longer a blind measure: a fresh set from other
+#: repositories scores the next round. The two logs still missed show their cause only in
+#: the thread (a bare torch._six ImportError; a NaN loss with fp16 autocast on by default).
+THRESHOLDS = {"dev": 0.97, "outside": 0.97, "heldout": 0.95}
 #: Sets expected but not merged yet (collected on another branch).
 PENDING_SETS: set[str] = set()
 PRESENT = real_sets(REAL)
@@ -290,8 +292,9 @@ def test_engine_wordings_beyond_the_dev_repositories(line: str, category: str) -
      "(4)", "batch-size"),
     ("model.embed_tokens.weight : torch.Size([0])\nmodel.norm.weight : torch.Size([0])",
      "zero-checkpoint"),
-    ("~/lib/python3.10/site-packages/torch/utils/cpp_extension.py in _run_ninja_build("
-     "build_directory, verbose, error_prefix)", "deepspeed-op-build"),
+    ("Building extension module cpu_adam...\n~/lib/python3.10/site-packages/torch/utils/"
+     "cpp_extension.py in _run_ninja_build(build_directory, verbose, error_prefix)",
+     "deepspeed-op-build"),
     ("FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably "
      "exploding.", "fp16-overflow"),
     ("ImportError: cannot import name 'get_cuda_stream' from 'triton.runtime.jit'",
@@ -379,3 +382,124 @@ def test_optional_triton_notice_is_harmless_but_triton_failures_are_not() -> Non
         "sparse-attn-triton"
     failing = notice + "RuntimeError: Cannot find a working triton installation.\n"
     assert diagnose(failing).category == "sparse-attn-triton"
+
+
+# -- round 3: the wordings behind the heldout misses, as other projects print them --------------
+
+@pytest.mark.parametrize(("text", "category"), [
+    ("ImportError: Using FP16 with APEX but APEX is not installed, please refer to "
+     "https://www.github.com/nvidia/apex.", "apex-missing-or-wrong"),
+    ("ImportError: Apex was not found. Please see the NeMo README for installation "
+     "instructions: https://github.com/NVIDIA/NeMo#megatron-gpt.", "apex-missing-or-wrong"),
+    ("Loss is nan, stopping training\n{'loss_ce': tensor(nan, device='cuda:0')}", "other"),
+    ("python tools/train.py configs/fp16/mask_rcnn_r50_fpn_fp16_1x_coco.py\n"
+     "2021-03-02 10:00:00,000 - mmdet - INFO - Epoch [1][50/7330]\tlr: 1.000e-02, "
+     "loss_rpn_cls: nan, loss: nan", "fp16-overflow"),
+    ("fp16 = dict(loss_scale=512.0)\nEpoch [1][100/3000] loss_cls: nan, loss: nan",
+     "fp16-overflow"),
+    ("optim_wrapper = dict(type='AmpOptimWrapper', loss_scale='dynamic')\n"
+     "Epoch(train) [1][ 50/500]  loss: nan", "fp16-overflow"),
+    ("(ABOVE_NORMAL) Fp16OptimizerHook\nEpoch [2][200/900] loss: nan", "fp16-overflow"),
+    ("    scaler.scale(loss).backward()\nLoss is nan, stopping training", "fp16-overflow"),
+    ("    self.scaler = torch.cuda.amp.GradScaler(init_scale=2**14)\n"
+     "Epoch: [3] loss: nan (nan)", "fp16-overflow"),
+    ("FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated. Please use "
+     "`torch.amp.autocast('cuda', args...)` instead.\nLoss is nan, stopping training",
+     "fp16-overflow"),
+    ("    with torch.cuda.amp.autocast(dtype=torch.bfloat16):\nLoss is nan, stopping training",
+     "other"),
+    ("RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/"
+     "tcp/pair.cc:144] no error", "nccl-comm"),
+    ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.h:210] Connection "
+     "refused", "nccl-comm"),
+    ("[rank1]:   File \"/workspace/gpt/model/sparse_layer.py\", line 88, in forward\n"
+     "[rank1]: AssertionError: sparse attention only supports training in fp16 currently",
+     "sparse-attn-triton"),
+    ("RuntimeError: File /content/drive/MyDrive/run1/epoch_3.pth cannot be opened.",
+     "other"),
+    ("RuntimeError: [enforce fail at inline_container.cc:300] . unexpected pos 2918528 vs "
+     "2918416", "other"),
+    ("ValueError: Your setup doesn't support bf16/gpu. You need torch>=1.10, using Ampere "
+     "GPU with cuda>=11.0", "cuda-unavailable-or-mismatch"),
+    ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least "
+     "8.0. Your Tesla T4 GPU has compute capability 7.5.", "cuda-unavailable-or-mismatch"),
+    ("ImportError: /usr/lib/python3/dist-packages/horovod/torch/mpi_lib_v2.cpython-38-x86_64-"
+     "linux-gnu.so: undefined symbol: _ZN3c1017RegisterOperatorsD1Ev", "horovod-not-built"),
+    ("ImportError: /usr/local/lib/python3.8/site-packages/fused_layer_norm_cuda.cpython-38-"
+     "x86_64-linux-gnu.so: undefined symbol: _ZN2at4_ops5zeros4callE", "apex-missing-or-wrong"),
+    ("ImportError: /venv/lib/python3.10/site-packages/deepspeed/ops/adam/cpu_adam_op.cpython-"
+     "310-x86_64-linux-gnu.so: undefined symbol: _ZN3c104cuda9SetDeviceEi",
+     "deepspeed-op-build"),
+    ("ImportError: /home/u/.cache/torch_extensions/py39_cu118/cpu_adam/cpu_adam.so: undefined "
+     "symbol: _ZN3c104cuda20CUDACachingAllocator9allocatorE", "deepspeed-op-build"),
+    ("ValueError: Trying to set a tensor of shape torch.Size([0]) in \"weight\" (which has "
+     "shape torch.Size([32000, 4096])), this look incorrect.", "zero-checkpoint"),
+    ("ValueError: Some specified arguments are not used by the HfArgumentParser: "
+     "['--local-rank=1']", "launcher-args"),
+    ("ValueError: Some specified arguments are not used by the HfArgumentParser: "
+     "['--lora_rnak', '8']", "launcher-args"),
+    ("ValueError: batch_size should be a positive integer value, but got batch_size=0",
+     "batch-size"),
+    ("RuntimeError: Error building extension 'transformer_inference'",
+     "deepspeed-op-build"),
+    ("Building extension module fused_adam...\nnvcc fatal   : Unsupported gpu "
+     "architecture 'compute_89'", "deepspeed-op-build"),
+], ids=["transformers-apex", "nemo-apex", "detr-nan", "mmdet-fp16-config-file",
+        "mmcv-fp16-dict", "mmengine-amp-wrapper", "mmcv-fp16-hook", "torch-amp-scaler",
+        "torch-amp-gradscaler", "torch-autocast-fp16", "torch-autocast-bf16",
+        "gloo-full-mesh", "gloo-header", "ds-sparse-fp32", "torch-save-unwritable",
+        "torch-save-disk-full", "transformers-bf16", "vllm-bf16",
+        "horovod-undefined-symbol", "apex-undefined-symbol", "ds-prebuilt-undefined-symbol",
+        "ds-jit-undefined-symbol", "accelerate-zero3-placeholder", "hf-parser-local-rank",
+        "hf-parser-unknown", "batch-sampler-zero", "ds-op-by-name", "ds-op-named-in-build"])
+def test_wordings_beyond_the_heldout_logs(text: str, category: str) -> None:
+    """Round 3's rules, each in another project's wording than the heldout log that showed
+    it was missing: Apex absent as transformers and NeMo say it; a NaN loss as DETR-style
+    loops print it; fp16 seen in an fp16 config file name, an mmcv/mmengine config,
+    torch's GradScaler or CUDA autocast (not a bf16 one); gloo failing to connect its
+    mesh (a header-file location too); DeepSpeed's sparse attention given fp32; torch.save
+    unable to write; bf16 asked of a GPU without it (transformers, vLLM); Horovod's, Apex's
+    or DeepSpeed's compiled extension built against another torch (undefined symbol);
+    accelerate given ZeRO-3 placeholders; transformers' argument parser given torchrun's
+    --local-rank or an unknown flag; a per-rank batch rounded to 0; a DeepSpeed op named by
+    its op name only. Fails when a rule is removed or keys on one
+    log's words."""
+    assert diagnose(text).category == category
+
+
+@pytest.mark.parametrize("text", [
+    "nvcc fatal   : Unsupported gpu architecture 'compute_89'",
+    "RuntimeError: Error building extension 'upfirdn2d'",
+    "ninja: build stopped: subcommand failed.\nsubprocess.CalledProcessError: Command "
+    "'['ninja', '-v']' returned non-zero exit status 1.",
+    "RuntimeError: The detected CUDA version (12.1) mismatches the version that was used to "
+    "compile PyTorch (11.8). Please make sure to use the same CUDA versions.",
+    "ImportError: /home/u/.cache/torch_extensions/py39_cu118/upfirdn2d/upfirdn2d.so: "
+    "undefined symbol: _ZN3c10",
+], ids=["nvcc-arch", "stylegan-op", "ninja", "torch-ext-cuda", "stylegan-stale-build"])
+def test_a_build_without_deepspeed_in_the_log_is_no_deepspeed_op(text: str) -> None:
+    """torch's extension builder, ninja and nvcc word every project's C++/CUDA build alike
+    (a StyleGAN op, a detector's own kernels): without DeepSpeed or one of its op names in
+    the log, doctor does not call it a DeepSpeed op (no category fits: unknown). Fails when
+    the build signatures lose their DeepSpeed context."""
+    assert diagnose(text).category == UNKNOWN
+
+
+def test_optional_apex_notice_is_harmless() -> None:
+    """Megatron and others say Apex is not installed and fall back to torch's kernels:
+    a notice, not the failure (benign alone; another failure still decides). Fails when
+    the notice reads as Apex missing."""
+    notice = "UserWarning: Apex is not installed. Falling back to Torch LayerNorm"
+    assert diagnose(notice).category == BENIGN
+    assert diagnose(notice + "\ntorch.OutOfMemoryError: CUDA out of memory.").category == \
+        "cuda-oom"
+    assert diagnose("Apex is not installed.").category == "apex-missing-or-wrong"
+
+
+def test_hf_parser_given_local_rank_is_the_launcher_flag() -> None:
+    """transformers' parser refusing torchrun's `--local-rank` is the local-rank mismatch
+    (whose fix says how to accept the flag), not any unknown argument. Fails when only the
+    generic bad-arguments reading matches it."""
+    line = ("ValueError: Some specified arguments are not used by the HfArgumentParser: "
+            "['--local-rank=1']")
+    assert diagnose(line).signature == "local-rank-unrecognized"

@@ -177,18 +177,69 @@ def _patterns(order: int) -> tuple[tuple[_Pattern, ...], tuple[_Pattern, ...]]:
 _DIGITS = str.maketrans("123456789", "000000000")
 
 
+@cache
+def _word_checks(literal: str) -> tuple[tuple[str, str], ...]:
+    """What every text holding `literal` holds among its words (maximal runs of
+    non-whitespace, as str.split() cuts them): each whitespace-free piece of the literal
+    is a whole word ("=") when whitespace bounds it on both sides inside the literal, a
+    word's start ("<") or end (">") when bounded on one side, part of a word ("~") else."""
+    pieces = literal.split()
+    left = bool(literal) and literal[0].isspace()
+    right = bool(literal) and literal[-1].isspace()
+    checks = []
+    for i, piece in enumerate(pieces):
+        bounded = (i > 0 or left, i < len(pieces) - 1 or right)
+        kind = {(True, True): "=", (True, False): "<", (False, True): ">"}.get(bounded, "~")
+        checks.append((kind, piece))
+    # whole words first: a set lookup, cheaper than a scan of the word text
+    return tuple(sorted(checks, key=lambda c: c[0] != "="))
+
+
 class _Text:
-    """Distinct lines joined into one text, for substring scans, and where each starts."""
+    """Distinct lines joined into one text, for substring scans, and where each starts.
+
+    A literal costs a scan of the whole text, and most literals are absent from a log.
+    Before scanning, `may_hold` asks the log's distinct words (a far smaller text when
+    lines differ only in a few words: ids, hashes) whether the literal's pieces occur in
+    words as the literal needs them (`_word_checks`); a literal failing that is absent
+    for sure, so the answer never changes, only the scans made."""
 
     def __init__(self, lines: list[str]) -> None:
         self.text = "\n".join(lines)
         self.starts = [0, *itertools.accumulate(len(line) + 1 for line in lines[:-1])]
+        self._words: frozenset[str] | None = None
+        self._word_text = ""   # "\n" + the distinct words, each followed by "\n"
 
-    def lines_with(self, literal: str) -> list[int]:
+    def may_hold(self, literal: str) -> bool:
+        """False only when no line can hold `literal` (see the class docstring)."""
+        if self._words is None:
+            self._words = frozenset(self.text.split())
+            self._word_text = "\n" + "\n".join(self._words) + "\n"
+        words, text = self._words, self._word_text
+        for kind, piece in _word_checks(literal):
+            if kind == "=":
+                present = piece in words
+            elif kind == "<":
+                present = "\n" + piece in text
+            elif kind == ">":
+                present = piece + "\n" in text
+            else:
+                present = piece in text
+            if not present:
+                return False
+        return True
+
+    def lines_with(self, literal: str, limit: int | None = None) -> list[int] | None:
+        """The lines holding `literal`; None once more than `limit` lines hold it (the
+        caller wants the rarest literal of a pattern and already has one that rare)."""
+        if not self.may_hold(literal):
+            return []
         text, starts, found, at = self.text, self.starts, [], 0
         while (at := text.find(literal, at)) >= 0:
             line = bisect.bisect_right(starts, at) - 1
             found.append(line)
+            if limit is not None and len(found) > limit:
+                return None
             at = starts[line + 1] if line + 1 < len(starts) else len(text)
         return found
 
@@ -209,6 +260,7 @@ class _Log:
         self._text: _Text | None = None
         self._clean: dict[int, str] = {}
         self._found: dict[str, list[int]] = {}
+        self._more_than: dict[str, int] = {}   # literal: on more distinct lines than this
 
     @property
     def lines(self) -> int:
@@ -222,22 +274,43 @@ class _Log:
             self._clean[i] = _PREFIX.sub("", self.raw[i], count=1)
         return self._clean[i]
 
-    def _distinct_with(self, literal: str) -> list[int]:
-        """The distinct lines holding `literal` (lower-cased), whatever their case."""
-        if literal not in self._found:
-            if self._text is None:
-                self._text = _Text([line.lower() for line in self._members])
-            self._found[literal] = self._text.lines_with(literal.translate(_DIGITS))
-        return self._found[literal]
+    def _text_of_lines(self) -> _Text:
+        if self._text is None:
+            self._text = _Text([line.lower() for line in self._members])
+        return self._text
+
+    def _distinct_with(self, literal: str, limit: int | None = None) -> list[int] | None:
+        """The distinct lines holding `literal` (lower-cased), whatever their case; None
+        when more than `limit` of them do (remembered, so the scan is not repeated for
+        the same or a lower limit)."""
+        if literal in self._found:
+            return self._found[literal]
+        if limit is not None and self._more_than.get(literal, -1) >= limit:
+            return None
+        found = self._text_of_lines().lines_with(literal.translate(_DIGITS), limit)
+        if found is None:
+            assert limit is not None  # an unlimited scan always returns its lines
+            self._more_than[literal] = limit
+        else:
+            self._found[literal] = found
+        return found
 
     def candidates(self, pattern: _Pattern) -> list[int]:
         """Lines that can hold a match: those holding the pattern's rarest literal run
-        (every line when the pattern has none; none when one of its runs is absent)."""
+        (every line when the pattern has none; none when one of its runs is absent).
+        Runs that the log's words rule out are looked at first, without a scan; a scan
+        stops once its run is on more lines than the rarest found so far."""
         if not pattern.literals:
             return list(range(self.lines))
+        literals = sorted(pattern.literals, key=len, reverse=True)  # longest: rarest
+        text = self._text_of_lines()
+        if not all(text.may_hold(literal.translate(_DIGITS)) for literal in literals):
+            return []  # one literal absent: the pattern cannot match; no scans
         rarest: list[int] | None = None
-        for literal in sorted(pattern.literals, key=len, reverse=True):  # longest: rarest
-            found = self._distinct_with(literal)
+        for literal in literals:
+            found = self._distinct_with(literal, None if rarest is None else len(rarest))
+            if found is None:
+                continue  # on more lines than the rarest so far
             if not found:
                 return []  # one literal absent: the pattern cannot match; no more scans
             if rarest is None or len(found) < len(rarest):

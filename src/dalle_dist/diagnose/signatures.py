@@ -89,10 +89,20 @@ UNKNOWN = "unknown"
 # Context for entries that only mean fp16 trouble when fp16 was on.
 _FP16_ON = (r"--precision[ =]fp16", r"--fp16\b", r"--amp\b", r"fp16_enabled\W+True",
             r'"fp16":\s*\{\s*"enabled":\s*true', r"Attempted loss scale",
-            r"Gradient overflow\.", r"torch\.float16", r"opt_level")
+            r"Gradient overflow\.", r"torch\.float16", r"opt_level",
+            # mmcv/mmengine configs; torch's own AMP (GradScaler is for fp16 only)
+            r"(?<![\w.])fp16\s*=\s*dict\(", r"Fp16OptimizerHook", r"AmpOptimWrapper",
+            r"GradScaler\(", r"\bscaler\.scale\(",
+            # CUDA autocast runs in fp16 unless given another dtype (its deprecation
+            # warning names it too)
+            r"cuda\.amp\.autocast\((?![^)]*bfloat16)",
+            # a config, script or log file named for fp16 (mmdetection's
+            # configs/fp16/*_fp16_*.py, a user's train_fp16.log)
+            r"(?i)(?<![a-z0-9])fp16(?![a-z0-9])[\w./-]*\.(?:py|sh|ya?ml|json|txt|log|cfg)\b")
 
-# "loss=nan" (tqdm), "loss - nan" (DALLE-pytorch), "loss: nan", '"loss": NaN' (JSON lines).
-_NAN_LOSS = r"(?i)\bloss['\"]?[ \t]*[:=-]?[ \t]*nan\b"
+# "loss=nan" (tqdm), "loss - nan" (DALLE-pytorch), "loss: nan", '"loss": NaN' (JSON lines),
+# "Loss is nan, stopping training" (DETR, and DeiT, MAE and the models built on them).
+_NAN_LOSS = r"(?i)\bloss['\"]?(?:[ \t]*[:=-]?[ \t]*|[ \t]+is[ \t]+)nan\b"
 _TORCH_ENV = ('python -c "import torch; print(torch.__version__, torch.version.cuda, '
               'torch.cuda.is_available(), torch.cuda.device_count())"')
 # One all-reduce over NCCL, nothing of dalle_dist: does the wire work at all?
@@ -103,6 +113,19 @@ _NCCL_CHECK = ("NCCL_DEBUG=INFO torchrun --nproc_per_node 2 --no-python python -
 # One all-reduce over Horovod's gloo controller, nothing of dalle_dist.
 _HOROVOD_CHECK = ('horovodrun -np 2 --gloo python -c "import horovod.torch as hvd, torch; '
                   'hvd.init(); print(hvd.allreduce(torch.ones(1)))"')
+# DeepSpeed's JIT-built ops, by the names its op builders give them (op_builder/*.py NAME):
+# "Error building extension 'cpu_adam'" is DeepSpeed's even when the trimmed log never
+# says DeepSpeed. Generic names (utils, transformer, quantizer) are left out: other
+# projects build extensions named so.
+_DS_OPS = ("async_io", "cpu_adagrad", "cpu_adam", "cpu_lion", "evoformer_attn",
+           "fp_quantizer", "fused_adam", "fused_lamb", "fused_lion", "inference_core_ops",
+           "ragged_device_ops", "ragged_ops", "random_ltd", "sparse_attn",
+           "spatial_inference", "stochastic_transformer", "transformer_inference")
+# Context that a C++/CUDA extension build in the log is DeepSpeed's: torch's extension
+# builder, ninja and nvcc word every project's build alike (one entry per word, so each
+# has a literal run for doctor's prefilter).
+_DS_BUILD_CONTEXT = (r"(?i)deepspeed", r"op_builder", r"\bds_report\b",
+                     *(rf"\b{op}\b" for op in _DS_OPS))
 _DS_OPS_FIX = ("install the CUDA toolkit whose major.minor matches torch.version.cuda, "
                "with nvcc on PATH and CUDA_HOME set, plus ninja; or pip install a DeepSpeed "
                "release with prebuilt ops; or avoid the op (dalle_dist's default "
@@ -288,7 +311,11 @@ SIGNATURES: tuple[Signature, ...] = (
         "dalle-dist check --backend deepspeed --precision fp16"),
     Signature(
         "bf16-unsupported", "cuda-unavailable-or-mismatch",
-        (r"this GPU has no bf16", r"Type bf16 is not supported on your device"),
+        (r"this GPU has no bf16", r"Type bf16 is not supported on your device",
+         # transformers' TrainingArguments ("Your setup doesn't support bf16/gpu"), vLLM,
+         # torch.cuda.is_bf16_supported() checks in training scripts
+         r"(?i)\b(?:does ?n[o']t|does not|not) support (?:bf16|bfloat16)\b",
+         r"(?i)\bbfloat16 is only supported on GPUs with compute capability"),
         "bf16 was asked for on a GPU without bf16 support (compute capability below 8.0)",
         "use --precision fp16 (or fp32) on this GPU",
         "dalle-dist check --precision bf16"),
@@ -352,6 +379,16 @@ SIGNATURES: tuple[Signature, ...] = (
         "use --attn_types with dalle_dist's mask-based sparse pattern, which needs no "
         "DeepSpeed kernel",
         "ds_report | grep -i sparse"),
+    Signature(
+        "ds-sparse-attention-fp16-only", "sparse-attn-triton",
+        (r"(?i)sparse attention only supports (?:training in )?fp16",),
+        "DeepSpeed's sparse attention (its Triton kernels) runs in fp16 only, and this run "
+        "gave it fp32 tensors (often at sampling or evaluation time, outside the fp16 "
+        "engine); older DeepSpeed and Triton releases are needed for it at all",
+        "run the model in fp16 where it uses DeepSpeed's sparse attention, or use "
+        "dalle_dist's mask-based sparse pattern (--attn_types), which needs no DeepSpeed "
+        "kernel and runs in any precision",
+        "ds_report | grep -i sparse"),
     # -- DeepSpeed ops --------------------------------------------------------------------
     Signature(
         "ds-cuda-home-missing", "deepspeed-op-build",
@@ -383,7 +420,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "install the toolkit matching torch.version.cuda (or a torch matching the toolkit) "
         "and point CUDA_HOME at it; or use a DeepSpeed wheel with prebuilt ops",
         'nvcc --version; python -c "import torch; print(torch.version.cuda)"',
-        requires=(r"(?i)deepspeed",)),
+        requires=_DS_BUILD_CONTEXT),
     Signature(
         "ds-ninja-missing", "deepspeed-op-build",
         (r"Unable to JIT load the (?P<op>\w+) op due to ninja not being installed",
@@ -403,10 +440,15 @@ SIGNATURES: tuple[Signature, ...] = (
          r"Command '\['ninja', '-v'\]' returned non-zero exit status",
          r"Error compiling objects for extension",
          r"\bin _run_ninja_build\b",
-         r"torch_extensions[/\\][^\n]*\.so: cannot open shared object file"),
+         r"torch_extensions[/\\][^\n]*\.so: (?:cannot open shared object file|undefined "
+         r"symbol)",   # a JIT build missing, or cached from another torch
+         r"[/\\]deepspeed[/\\][\w/\\.-]*\.so: undefined symbol"),   # prebuilt ops
         "a DeepSpeed C++/CUDA op failed to compile (see the compiler errors above it)",
         _DS_OPS_FIX,
-        "ds_report"),
+        "ds_report",
+        # torch's extension builder, ninja and nvcc word every project's build alike: a
+        # build is DeepSpeed's only when the log names DeepSpeed or one of its ops.
+        requires=_DS_BUILD_CONTEXT),
     # -- DeepSpeed not there ----------------------------------------------------------------
     Signature(
         "deepspeed-not-installed", "deepspeed-missing",
@@ -464,7 +506,9 @@ SIGNATURES: tuple[Signature, ...] = (
          r"backend horovod cannot run here",
          r"module 'horovod\.torch' has no attribute '(?:init|allreduce|size|rank)'",
          r"'NoneType' object has no attribute '(?:init|allreduce|broadcast_parameters|"
-         r"broadcast_optimizer_state|DistributedOptimizer|local_rank|size)'"),
+         r"broadcast_optimizer_state|DistributedOptimizer|local_rank|size)'",
+         # its extension built against another torch than the one importing it
+         r"[/\\]horovod[/\\][\w/\\.-]*\.so[.\d]*: undefined symbol"),
         "Horovod is installed without its PyTorch extension (it failed to build, or was "
         "built before this torch)",
         "rebuild it: scripts/build_horovod.sh (HOROVOD_WITH_PYTORCH=1, C++17 against current "
@@ -515,6 +559,19 @@ SIGNATURES: tuple[Signature, ...] = (
         "still correct",
         "nothing; rebuild Apex with its extensions only for speed",
         'python -c "import amp_C"',
+        benign=True),
+    # Libraries that use Apex only when it is there say it is missing and carry on
+    # (Megatron's "Apex is not installed. Falling back to Torch LayerNorm"); listed before
+    # apex-not-installed, this claims such a line.
+    Signature(
+        "apex-optional-missing", BENIGN,
+        (r"(?i)\bapex (?:is not|isn't|was not|not) (?:installed|available|found)\b[^\n]*"
+         r"\b(?:fall(?:ing)? ?back|defaulting to|trying to continue|continuing|using "
+         r"(?:torch|pytorch|native)|instead)\b",),
+        "a library found no NVIDIA Apex and uses its own or torch's kernels instead: "
+        "slower at most, nothing fails",
+        "nothing; install Apex only for those kernels",
+        'python -c "import apex"',
         benign=True),
     Signature(
         "dalle-dist-amp-fallback", BENIGN,
@@ -600,9 +657,25 @@ SIGNATURES: tuple[Signature, ...] = (
         "--config-settings '--build-option=--cuda_ext' ./apex), or use native precision",
         'python -c "import amp_C, fused_layer_norm_cuda"'),
     Signature(
+        "apex-extension-stale", "apex-missing-or-wrong",
+        (r"(?:amp_C|apex_C|fused_layer_norm_cuda|fused_adam_cuda|syncbn|fused_dense_cuda|"
+         r"fused_mix_prec_layer_norm_cuda|mlp_cuda|fused_weight_gradient_mlp_cuda|"
+         r"scaled_upper_triang_masked_softmax_cuda|scaled_masked_softmax_cuda)"
+         r"[\w.-]*\.so: undefined symbol",
+         r"[/\\]apex[/\\][\w/\\.-]*\.so: undefined symbol"),
+        "NVIDIA Apex's C++/CUDA extensions were built against another torch than the one "
+        "importing them (undefined symbol): Apex must be rebuilt for this torch",
+        "rebuild Apex from source against the installed torch (pip install -v "
+        "--no-build-isolation ... ./apex after upgrading torch), or use native precision "
+        "(--precision fp16 or bf16), which needs no Apex",
+        'python -c "import torch, amp_C; print(torch.__version__)"'),
+    Signature(
         "apex-not-installed", "apex-missing-or-wrong",
         (r"No module named '?apex'?(?![.\w])",
-         r"(?i)please install apex from https?://(?:www\.)?github\.com/nvidia/apex"),
+         r"(?i)please install apex from https?://(?:www\.)?github\.com/nvidia/apex",
+         # timm, transformers' old Trainer, NeMo: "... but APEX is not installed",
+         # "Apex was not found. Please see ..." (apex-optional-missing claims notices)
+         r"(?i)\b(?:nvidia )?apex (?:is not|isn't|was not|not) (?:installed|available|found)\b"),
         "NVIDIA Apex is not installed (it is not on PyPI)",
         "use native mixed precision (--precision fp16 or bf16); Apex is optional",
         'python -c "import apex"'),
@@ -621,7 +694,9 @@ SIGNATURES: tuple[Signature, ...] = (
         "zero3-placeholder-weights", "zero-checkpoint",
         (r"copying a param with shape torch\.Size\(\[[01]?\]\) from checkpoint",
          r"^\s*[\w.]+\.(?:weight|bias)\b['\"]?\s*[:=,]?\s*(?:shape\s*[:=]?\s*)?"
-         r"torch\.Size\(\[0\]\)"),
+         r"torch\.Size\(\[0\]\)",
+         # accelerate loading such a checkpoint into an empty model
+         r"Trying to set a tensor of shape torch\.Size\(\[0\]\) in "),
         "the checkpoint holds ZeRO-3 placeholders (empty or 1-element tensors) instead of "
         "weights: it was saved from a ZeRO-3 partitioned model without gathering the "
         "parameters",
@@ -680,6 +755,8 @@ SIGNATURES: tuple[Signature, ...] = (
         (r"too few for a batch of \d+ on each of \d+ ranks",
          r"WebDataset shards hold fewer than a batch",
          r"num_samples should be a positive integer value, but got num_samples=0",
+         # torch's BatchSampler given a per-rank batch that rounded down to 0
+         r"batch_size should be a positive integer value, but got batch_size=0",
          r"assert len\(indices\) == self\.(?:total_size|num_samples)",
          r"This DataLoader does not contain any batches"),
         "the dataset (or a rank's share of it) holds fewer samples than one batch",
@@ -699,7 +776,9 @@ SIGNATURES: tuple[Signature, ...] = (
     # -- launcher and command line --------------------------------------------------------
     Signature(
         "local-rank-unrecognized", "launcher-args",
-        (r"error: unrecognized arguments: .*--local[_-]rank",),
+        (r"error: unrecognized arguments: .*--local[_-]rank",
+         # transformers' parser, given torchrun's --local-rank
+         r"arguments are not used by the HfArgumentParser: .*--local[_-]rank"),
         "the launcher passes --local_rank (deepspeed, torch.distributed.launch) but the "
         "script's parser does not accept it",
         "launch dalle_dist as a module (deepspeed --module dalle_dist train ..., torchrun -m "
@@ -709,6 +788,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "bad-arguments", "launcher-args",
         (r"error: unrecognized arguments:",
+         r"Some specified arguments are not used by the HfArgumentParser",
          r"error: the following arguments are required:",
          r"error: argument [-\w/]+: (?:invalid|expected|ambiguous)",
          r"error: ambiguous option:",
@@ -751,7 +831,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "nccl-network", "nccl-comm",
         (r"unhandled system error",
-         r"ncclSystemError|ncclInternalError",
+         r"ncclSystemError", r"ncclInternalError",   # apart: each a literal for the prefilter
          r"NCCL WARN .*(?:[Cc]onnect|[Ss]ocket|NET/|[Tt]imeout|[Ii]nterface)",
          r"The client socket has timed out after .* while trying to connect to",
          r"Timed out after \d+ seconds waiting for clients",
@@ -809,8 +889,9 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "gloo-timeout", "nccl-comm",
         (r"Timed out waiting \d+ ?ms for (?:recv|send) operation to complete",
-         r"gloo/transport/tcp/\w+\.cc:\d+\].*(?:Connection (?:closed|reset) by peer|"
+         r"gloo/transport/tcp/\w+\.(?:cc|h):\d+\].*(?:Connection (?:closed|reset) by peer|"
          r"Timed out|Connect timeout|Connection refused)",
+         r"Gloo connectFullMesh failed",
          r"gloo::IoException",
          r"gloo::EnforceNotMet"),
         "a gloo collective (CPU training, or Horovod's coordination over gloo) waited past its "
@@ -840,7 +921,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "nccl-error", "nccl-comm",
         (r"NCCL error in: ",
-         r"\bncclUnhandledCudaError\b|\bncclInvalidArgument\b",
+         r"\bncclUnhandledCudaError\b", r"\bncclInvalidArgument\b",
          r"DistBackendError",
          r"\bNCCL WARN\b"),
         "NCCL failed between the ranks (its warnings name the step: topology, shared "
@@ -870,11 +951,20 @@ SIGNATURES: tuple[Signature, ...] = (
          r"\[Errno 28\]",
          r"Disk quota exceeded",
          r"PytorchStreamWriter failed writing file",
+         r"\bunexpected pos \d+ vs \d+",   # torch.save's writer (torch 1.x) on a full disk
          r"write\(\): fd \d+ failed with"),
         "the disk filled up (checkpoints, samples or compiled op caches)",
         "free space or point the output elsewhere; --keep_n_checkpoints limits old "
         "checkpoints",
         "df -h ."),
+    Signature(
+        "checkpoint-file-unwritable", "other",
+        (r"File .+ cannot be opened\.",),   # torch.save's PyTorchFileWriter
+        "torch.save could not create its file: the disk is full, or the folder is missing "
+        "or not writable",
+        "free space or point the output elsewhere (--keep_n_checkpoints limits old "
+        "checkpoints), and check that the output folder exists and is writable",
+        "df -h .; ls -ld OUTPUT_DIR"),
     Signature(
         "shared-memory-exhausted", "other",
         (r"insufficient shared memory \(shm\)",
@@ -891,10 +981,10 @@ SIGNATURES: tuple[Signature, ...] = (
         (_NAN_LOSS,
          r"returned nan values in its \d+th output",
          r"Loss became infinite or NaN"),   # detectron2's trainer
-        "the loss became NaN without fp16: the learning rate is too high or a batch holds "
-        "bad values",
-        "lower --learning_rate, keep --clip_grad_norm, and check the data; resume from a "
-        "checkpoint saved before the NaN",
+        "the loss became NaN and the log shows no fp16: the learning rate is too high or a "
+        "batch holds bad values (or fp16 autocast was on by default, unseen in the log)",
+        "lower --learning_rate, keep --clip_grad_norm, and check the data; if the code runs "
+        "under fp16 autocast, try bf16 or fp32; resume from a checkpoint saved before the NaN",
         "grep -in 'nan' LOGFILE | head"),
     Signature(
         "dalle-dist-error", "other",

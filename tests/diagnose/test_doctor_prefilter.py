@@ -1,0 +1,93 @@
+"""doctor's prefilter (which lines a pattern is tried on) never changes what it finds.
+
+doctor tries a pattern only on the lines holding the pattern's rarest literal run, rules a
+run out without scanning when the log's words cannot hold it, and stops a scan once a run
+is on more lines than a rarer one (dalle_dist.diagnose.doctor._Log, _Text). These tests
+compare that with the plain reading: every pattern searched on every cleaned line.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from dalle_dist.diagnose.doctor import _DIGITS, _Log, _patterns, _Text, _word_checks
+from dalle_dist.diagnose.signatures import SIGNATURES
+
+HERE = Path(__file__).parent
+LOGS = sorted(HERE.glob("logs/*.log")) + sorted(HERE.glob("real/*/*.log"))
+ALL_PATTERNS = [p for order in range(len(SIGNATURES)) for group in _patterns(order)
+                for p in group]
+LITERALS = sorted({lit for p in ALL_PATTERNS for lit in p.literals})
+
+
+def _long_log() -> str:
+    """bench/doctor_speed.py's log, short: many lines sharing the same common runs."""
+    sys.path.insert(0, str(HERE.parent.parent / "bench"))
+    try:
+        from doctor_speed import long_log
+    finally:
+        sys.path.pop(0)
+    return long_log(3000, distinct=True)
+
+
+def test_prefiltered_search_finds_what_a_plain_search_finds() -> None:
+    """On every corpus log and a long synthetic one, each pattern matches on exactly the
+    lines a regex search of every cleaned line finds. Fails when the prefilter drops a
+    line that matches: a literal run misread from a pattern, a word check that rules out
+    a present run (e.g. '<' tested as a word's end), or a scan stopped by its limit taken
+    for an absent run."""
+    texts = [p.read_text(errors="replace") for p in LOGS] + [_long_log()]
+    for text in texts:
+        log = _Log(text)
+        cleaned = [log.clean_line(i) for i in range(log.lines)]
+        for pattern in ALL_PATTERNS:
+            fast = [line for line, _ in log.search(pattern)]
+            plain = [i for i, line in enumerate(cleaned) if pattern.regex.search(line)]
+            assert fast == plain, (pattern.regex.pattern, text[:200])
+
+
+@pytest.mark.parametrize(("literal", "text", "may_hold"), [
+    ("out of memory", "cuda out of memory.", True),
+    ("out of memory", "cuda out\tof\x1cmemory", True),    # absent, but its words are there
+    ("out of memory", "cuda outx of memory", False),       # "out" must end a word
+    (" of me", "cuda out of memory", True),                # "of" whole, "me" a word's start
+    (" of me", "cuda out ofx memory", False),
+    (" of me", "cuda out of xmemory", False),
+    ("ut of", "cuda out of memory", True),                 # "ut" a word's end
+    ("ut of", "cuda utx of memory", False),
+    ("amp_c'", "no module named 'amp_c'", True),           # inside a word
+    ("amp_c'", "no module named 'amp_cx", False),
+    ("named 'torch", "no module\u00a0named 'torch._six'", True),  # no-break space splits
+    ("module named", "no module\u00a0named 'torch._six'", True),  # absent, words there
+])
+def test_word_checks_rule_out_only_absent_literals(literal: str, text: str,
+                                                   may_hold: bool) -> None:
+    """A literal is ruled out only when it is not in the text: its pieces are looked up as
+    whole words, a word's start, a word's end or a part of a word, as str.split() cuts
+    words. Fails when a check reads a piece's bound on the wrong side or cuts words at
+    other whitespace than the text's."""
+    got = _Text(text.split("\n")).may_hold(literal)
+    assert got is may_hold, _word_checks(literal)
+    assert got or literal not in text
+
+
+def test_word_checks_never_rule_out_a_literal_of_the_corpus() -> None:
+    """Every signature literal the word checks rule out on a corpus log is truly absent
+    from it, and they rule out most absent ones (the reason they exist). Fails when a
+    check is too strict (a present literal ruled out) or does nothing."""
+    ruled_out = absent = 0
+    for path in LOGS:
+        lines = [line.lower() for line in
+                 path.read_text(errors="replace").translate(_DIGITS).split("\n")]
+        text = _Text(lines)
+        for literal in LITERALS:
+            folded = literal.translate(_DIGITS)
+            present = folded in text.text
+            absent += not present
+            if not text.may_hold(folded):
+                assert not present, (path.name, literal)
+                ruled_out += 1
+    assert ruled_out > absent // 2, (ruled_out, absent)
