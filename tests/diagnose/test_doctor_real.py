@@ -7,7 +7,9 @@ the repositories the signatures were written against. `outside`: from other proj
 collected apart as the first held-out set and scored once before anyone read it (61/77 =
 0.79); since then signatures are written against it too. `heldout`: from yet other
 projects, collected apart and scored blind once (40/48 = 0.833); round 3 of the signatures
-was written against its misses, so a fresh blind set is the honest measure now. Every set
+was written against its misses. `blind`: 50 logs from 49 further repositories, collected
+apart while round 3 was written (the collector never ran doctor) and scored once after it
+(44/50 = 0.880). Every set
 that is present is scored against its threshold in THRESHOLDS; a set expected but not yet
 merged is listed in PENDING_SETS, so its absence is stated here, not skipped silently,
 and its arrival fails test_real_sets_are_the_expected_ones until it is taken off the list.
@@ -34,7 +36,9 @@ REAL = Path(__file__).parent / "real"
 #: 0.958), so like outside it is no longer a blind measure: a fresh set from other
 #: repositories scores the next round. The two logs still missed show their cause only in
 #: the thread (a bare torch._six ImportError; a NaN loss with fp16 autocast on by default).
-THRESHOLDS = {"dev": 0.97, "outside": 0.97, "heldout": 0.95}
+#: blind: scored once after round 3 (44/50 = 0.880; every miss an abstention, `unknown`, no
+#: wrong category): the floor until a round is written against it.
+THRESHOLDS = {"dev": 0.97, "outside": 0.97, "heldout": 0.95, "blind": 0.88}
 #: Sets expected but not merged yet (collected on another branch).
 PENDING_SETS: set[str] = set()
 PRESENT = real_sets(REAL)
