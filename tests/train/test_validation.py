@@ -1,8 +1,11 @@
 """The validation loss (--val_fraction): the mean loss over every held-out sample, in eval
 mode (no dropout, no null captions), the same number on 1 process and on 2 FSDP ranks
 (one launch; FSDP also proves every rank takes as many forwards: an unequal count hangs
-in its weight gathers); its records land in the metrics at their cadence; bad flags are
-refused with one line and nothing written."""
+in its weight gathers); for `train` and `train-vae` alike, its records land in the
+metrics and the loss plot at their cadence, a run with validation trains the weights of
+one without on the training part alone, the grids show held-out images, and bad flags are
+refused with one line and nothing written; the VAE's loss (its Gumbel noise seeded per
+pass) is a fixed number for fixed weights."""
 
 from __future__ import annotations
 
