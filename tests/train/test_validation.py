@@ -1,8 +1,11 @@
 """The validation loss (--val_fraction): the mean loss over every held-out sample, in eval
 mode (no dropout, no null captions), the same number on 1 process and on 2 FSDP ranks
 (one launch; FSDP also proves every rank takes as many forwards: an unequal count hangs
-in its weight gathers); its records land in the metrics at their cadence; bad flags are
-refused with one line and nothing written."""
+in its weight gathers); for `train` and `train-vae` alike, its records land in the
+metrics and the loss plot at their cadence, a run with validation trains the weights of
+one without on the training part alone, the grids show held-out images, and bad flags are
+refused with one line and nothing written; the VAE's loss (its Gumbel noise seeded per
+pass) is a fixed number for fixed weights."""
 
 from __future__ import annotations
 
@@ -12,18 +15,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from dalle_dist.data import CaptionCollate, DataConfig, make_loader
 from dalle_dist.data.tokenizer import ByteTokenizer
 from dalle_dist.errors import ConfigError
 from dalle_dist.model import DALLEConfig, DiscreteVAE, VAEConfig
-from dalle_dist.train.config import TrainConfig, ValidationConfig
+from dalle_dist.train.config import TrainConfig, VAESchedule, ValidationConfig
 from dalle_dist.train.dalle_task import DALLETask
+from dalle_dist.train.vae_task import VAETask
 from dalle_dist.train.validation import validation_loss
 from tests import launch
-from tests.conftest import TINY_DALLE_FLAGS, TINY_TRAIN_FLAGS, assert_user_error, run_cli
+from tests.conftest import TINY_DALLE_FLAGS, TINY_VAE_FLAGS, assert_user_error, run_cli
+from tests.train.test_loss_plot import COLOURS as PLOT_COLOURS
+from tests.train.test_loss_plot import pixels_of
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = ["-m", "tests.train.test_validation"]
@@ -89,17 +97,70 @@ def test_validation_loss_is_the_same_on_two_fsdp_ranks(tmp_path: Path) -> None:
     assert ranks[0]["val_loss"] == ranks[1]["val_loss"]
 
 
-def test_training_logs_validation_records_and_refuses_bad_flags(tmp_path: Path,
-                                                                 tiny_vae: Path) -> None:
-    """Through the CLI: --val_every_n_steps 3 on 2 steps per epoch x 2 epochs gives records
-    at steps 2 (epoch end), 3, 4 (epoch end) with keys step, epoch, val_loss; the
-    checkpoint records --null_cond_prob. Then bad input: one line, exit 2, no file. Bug
-    seen failing: the epoch-end measurement missing (a record at 3 only)."""
-    out = tmp_path / "run" / "dalle.pt"
-    result = run_cli("train", "--vae_path", str(tiny_vae), *TINY_DALLE_FLAGS,
-                     *TINY_TRAIN_FLAGS, "--epochs", "2", "--val_fraction", "0.25",
-                     "--val_every_n_steps", "3", "--null_cond_prob", "0.2",
-                     "--fidelity_images", "0", "--dalle_output_file_name", str(out))
+#: 22 images hold out 5 at --val_fraction 0.3 ("img01", "img06", "img07", "img14", "img17"):
+#: 17 to train on, 2 steps per epoch at batch 8
+FOLDER_IMAGES = 22
+#: a solid colour per image, far apart, so a grid's tile names the image it shows
+COLOURS = [(r, g, b) for r in (0, 127, 255) for g in (0, 127, 255) for b in (0, 127, 255)
+           ][:FOLDER_IMAGES]
+
+
+def colour_folder(root: Path, keep: set[str] | None = None) -> Path:
+    """Image i: a solid COLOURS[i] square with a caption; keep: only those keys."""
+    root.mkdir(parents=True)
+    for i, colour in enumerate(COLOURS):
+        if keep is None or f"img{i:02d}" in keep:
+            Image.new("RGB", (20, 20), colour).save(root / f"img{i:02d}.png")
+            (root / f"img{i:02d}.txt").write_text(f"a square of colour {i}\n")
+    return root
+
+
+def grid_top_row(path: Path, count: int) -> list[int]:
+    """The image (index into COLOURS) each of the first `count` tiles of a sample grid's
+    top row shows: 16 px pictures are drawn 64 px wide with 2 px gaps (make_grid)."""
+    grid = np.asarray(Image.open(path).convert("RGB")).astype(int)
+    centres = [grid[34, 2 + i * 66 + 32] for i in range(count)]
+    return [int(np.argmin([np.abs(c - np.array(k)).sum() for k in COLOURS])) for c in centres]
+
+
+def command_flags(command: str, request: pytest.FixtureRequest, out: Path) -> list[str]:
+    """A tiny model of `command` on 2 epochs of batch 8, a loss line every step."""
+    common = ["--epochs", "2", "--batch_size", "8", "--log_every_n_steps", "1"]
+    if command == "train-vae":
+        return ["train-vae", *TINY_VAE_FLAGS, *common, "--vae_output_file_name", str(out)]
+    return ["train", "--vae_path", str(request.getfixturevalue("tiny_vae")),
+            *TINY_DALLE_FLAGS, *common, "--null_cond_prob", "0.2", "--fidelity_images", "0",
+            "--dalle_output_file_name", str(out)]
+
+
+@pytest.mark.parametrize("command", ["train-vae", "train"])
+def test_training_logs_validation_records_and_refuses_bad_flags(
+        tmp_path: Path, command: str, request: pytest.FixtureRequest) -> None:
+    """Through the CLI, for the VAE and DALL-E alike, on a folder:
+    - --val_every_n_steps 3 on 2 steps per epoch x 2 epochs gives records at steps 2
+      (epoch end), 3, 4 (epoch end) with keys step, epoch, val_loss, drawn as the loss
+      plot's red curve;
+    - the run trains exactly the weights of a run without validation on the folder less
+      its held-out images: validation changes no random number training draws, and the
+      held-out images are never trained on (were they, the epochs would differ);
+    - the sample grid's top row shows held-out images only.
+    Then bad input: one line, exit 2, no file (--val_fraction 0.0001 on built-in shapes:
+    the built-in data is split too; train's --null_cond_prob is checked here as well).
+    Bugs seen failing: the epoch-end measurement missing (a record at 3 only); train-vae
+    not passing --val_fraction to its loader (no records: all images trained on);
+    validation_loss without its fork_rng (its seeded pass reset the RNG training draws
+    from: other weights); the grid drawn from the last training batch; train-vae not
+    validating ValidationConfig (--val_every_n_steps alone trained without a word)."""
+    from dalle_dist.data.split import split_indices
+
+    keys = [f"img{i:02d}" for i in range(FOLDER_IMAGES)]
+    trained_idx, held_idx = split_indices(keys, 0.3)
+    assert len(held_idx) == 5 and len(trained_idx) == 17
+    folder_flag = "--image_folder" if command == "train-vae" else "--image_text_folder"
+    out = tmp_path / "run" / "model.pt"
+    result = run_cli(*command_flags(command, request, out), folder_flag,
+                     str(colour_folder(tmp_path / "all")), "--val_fraction", "0.3",
+                     "--val_every_n_steps", "3", "--sample_every_n_steps", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in out.with_suffix(".metrics.jsonl").read_text()
                .splitlines()]
@@ -107,20 +168,81 @@ def test_training_logs_validation_records_and_refuses_bad_flags(tmp_path: Path,
     assert [(r["step"], r["epoch"]) for r in val] == [(2, 0), (3, 1), (4, 1)], val
     assert all(set(r) == {"time", "step", "epoch", "val_loss"} for r in val)
     assert all(0 < r["val_loss"] < 20 for r in val)
-    payload = torch.load(out, weights_only=True)
-    assert payload["configs"]["model"]["null_cond_prob"] == 0.2
+    plot = out.with_name("model-loss.png")
+    assert pixels_of(plot, PLOT_COLOURS["val_loss"]) > 100, "the validation curve is drawn"
+    assert grid_top_row(out.with_name("model-samples") / "step-0000002.png", 5) == held_idx
 
-    for flags, message in [(["--val_fraction", "1"], "--val_fraction must be in [0, 1)"),
-                           (["--val_fraction", "0.0001"], "holds out none"),
-                           (["--null_cond_prob", "1.5"], "--null_cond_prob must be in")]:
+    plain = tmp_path / "plain" / "model.pt"
+    result = run_cli(*command_flags(command, request, plain), folder_flag,
+                     str(colour_folder(tmp_path / "train-part",
+                                       {keys[i] for i in trained_idx})),
+                     "--sample_every_n_steps", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not any("val_loss" in line for line in
+                   plain.with_suffix(".metrics.jsonl").read_text().splitlines())
+    payload = torch.load(out, weights_only=True)
+    plain_weights = torch.load(plain, weights_only=True)["weights"]
+    assert payload["step"] == 4
+    assert payload["weights"].keys() == plain_weights.keys()
+    assert all(torch.equal(payload["weights"][k], plain_weights[k]) for k in plain_weights)
+    if command == "train":
+        assert payload["configs"]["model"]["null_cond_prob"] == 0.2
+
+    # on 8 built-in shapes: a check that is missing ends in a short run, not a timeout
+    builtin = ["--shapes_count", "8"]
+    bad_input = [(["--val_fraction", "1.5"], "--val_fraction must be in [0, 1)"),
+                 (["--val_fraction", "0.0001"], "holds out none"),
+                 (["--val_every_n_steps", "5"], "--val_every_n_steps needs --val_fraction")
+                 if command == "train-vae" else
+                 (["--null_cond_prob", "1.5"], "--null_cond_prob must be in")]
+    for flags, message in bad_input:
         bad = tmp_path / "bad"
-        result = run_cli("train", "--vae_path", str(tiny_vae), *TINY_DALLE_FLAGS,
-                         *TINY_TRAIN_FLAGS, *flags, "--dalle_output_file_name",
-                         str(bad / "dalle.pt"))
+        result = run_cli(*command_flags(command, request, bad / "model.pt"), *builtin,
+                         *flags)
         assert_user_error(result, message)
         assert not bad.exists() or not any(bad.iterdir()), list(bad.iterdir())
     with pytest.raises(ConfigError, match="--val_every_n_steps needs --val_fraction"):
         ValidationConfig(val_every_n_steps=5).validate()
+
+
+def test_vae_validation_loss_is_fixed_for_fixed_weights_and_leaves_the_rng() -> None:
+    """The VAE draws Gumbel noise in every forward, eval mode too: each validation pass
+    seeds its forked RNG, so the same weights give the same loss however far training's
+    RNG has moved between two measurements, and the RNG is left as it was found. The loss
+    is the VAE's own training loss (reconstruction + KL) over every held-out image,
+    in eval mode, train mode restored after.
+    Bugs seen failing: no seed_pass (the second measurement drew other noise); no
+    fork_rng (the RNG state after validation differed)."""
+    from dalle_dist.backends import SingleBackend
+    from dalle_dist.train.commands import distribute
+    from dalle_dist.train.validation import seed_pass
+
+    backend = SingleBackend.on(torch.device("cpu"))
+    torch.manual_seed(0)
+    task = VAETask(VAEConfig(image_size=16, num_layers=2, num_tokens=32, codebook_dim=16,
+                             hidden_dim=16, num_resnet_blocks=0, kl_loss_weight=0.5),
+                   VAESchedule(), TrainConfig(), {})
+    engine = distribute(task, backend, TrainConfig())
+    loader, _ = make_loader(DataConfig(shapes_count=SHAPES, image_size=16), 16, BATCH, 0, 1,
+                            0, CaptionCollate(None, 0, False), False, val_fraction=FRACTION)
+    held = loader.held_out
+    first = validation_loss(task, engine, backend, held)
+    torch.rand(1000)  # what training draws between two measurements
+    state = torch.get_rng_state()
+    second = validation_loss(task, engine, backend, held)
+    assert torch.equal(torch.get_rng_state(), state), "validation leaves the RNG as it was"
+    assert first == second
+    assert engine.module.training
+
+    reference = copy.deepcopy(task.model).eval()
+    with torch.no_grad():
+        seed_pass(backend.device)
+        weighted = [(reference(*task.inputs(batch, backend.device, training=False)), n)
+                    for batch, n in held.batches()]
+    assert sum(n for _, n in weighted) == held.samples == 13
+    hand = sum(out["loss"].item() * n for out, n in weighted) / held.samples
+    assert abs(first - hand) < 1e-6, (first, hand)
+    assert all(out["kl"] > 0 and out["loss"] > out["recon_loss"] for out, _ in weighted)
 
 
 def rank_main(out: Path) -> None:

@@ -105,6 +105,7 @@ def add_train_vae(sub: argparse._SubParsersAction) -> None:
     add_flags(p.add_argument_group("temperature and learning-rate schedule"), VAESchedule)
     _add_train_args(p, VAE_TRAIN_DEFAULTS)
     add_flags(p.add_argument_group("samples"), VAESamples)
+    add_flags(p.add_argument_group("validation"), ValidationConfig)
     p.add_argument("--vae_output_file_name", default="vae",
                    help="checkpoint to write; .pt is added when missing (default %(default)s)")
     p.set_defaults(run=run_train_vae)
@@ -120,10 +121,12 @@ def run_train_vae(args: argparse.Namespace) -> int:
     data_cfg = from_args(DataConfig, args, image_size=vae_cfg.image_size)
     trackers = from_args(TrackerConfig, args)
     trackers.validate()
+    validation = from_args(ValidationConfig, args)
+    validation.validate()  # before any process group or file: one line, exit 2
     return run_on_backend(args, lambda backend: train_vae(
         vae_cfg, from_args(VAESchedule, args), train_cfg, data_cfg,
         args.vae_output_file_name, backend, resume=resume, tf32=not args.no_tf32,
-        trackers=trackers, samples=from_args(VAESamples, args)))
+        trackers=trackers, samples=from_args(VAESamples, args), validation=validation))
 
 
 # -- train ---------------------------------------------------------------------------

@@ -309,26 +309,31 @@ def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
               data_cfg: DataConfig, output: str, backend: DistributedBackend,
               log: RunLog | None = None, paths: RunPaths | None = None,
               resume: ResumeConfig | None = None, tf32: bool = True,
-              trackers: TrackerConfig | None = None, samples: VAESamples | None = None
-              ) -> Path:
+              trackers: TrackerConfig | None = None, samples: VAESamples | None = None,
+              validation: ValidationConfig | None = None) -> Path:
     """Train a discrete VAE; returns the checkpoint path. tf32: fp32 matmuls and
     convolutions in TF32 on CUDA (set_tf32); trackers: W&B / TensorBoard (off: None);
-    samples: what the sample grids show."""
+    samples: what the sample grids show; validation: the held-out part (--val_fraction)
+    and how often its loss (the training loss: reconstruction + KL) is measured, as for
+    train_dalle: the same loader split and loop cadence."""
     resume = resume or ResumeConfig()
     trackers = trackers or TrackerConfig()
     samples = samples or VAESamples()
-    for cfg in (vae_cfg, schedule, train_cfg, resume, trackers, samples):
+    validation = validation or ValidationConfig()
+    for cfg in (vae_cfg, schedule, train_cfg, resume, trackers, samples, validation):
         cfg.validate()
     paths = paths or RunPaths.for_output(output)
     log = log or RunLog(paths.metrics, backend.is_root, loss_plot=paths.loss_plot)
     run = RunSetup.begin("vae", "--vae_output_file_name", backend, train_cfg, resume, paths, log,
                          tf32, trackers)
+    run.val_every_n_steps = validation.val_every_n_steps
     if run.payload is not None:
         vae_cfg = VAEConfig.from_dict(run.payload["configs"]["model"])
     data_cfg = replace(data_cfg, channels=vae_cfg.channels)
     loader = run.loader(lambda workers: rank_loader(
         data_cfg, vae_cfg.image_size, train_cfg, backend, CaptionCollate(None, 0, False),
-        False, log, flag="--image_folder", workers=workers), data_cfg, "--image_folder")
+        False, log, flag="--image_folder", workers=workers,
+        val_fraction=validation.val_fraction), data_cfg, "--image_folder")
     task = VAETask(vae_cfg, schedule, train_cfg, data_cfg.to_dict(), samples)
     run.train(task, loader, f"training a VAE: {vae_cfg.image_size}px -> {vae_cfg.fmap_size}x"
               f"{vae_cfg.fmap_size} tokens of {vae_cfg.num_tokens}")

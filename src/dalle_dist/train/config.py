@@ -52,7 +52,8 @@ class ValidationConfig(DictConfig):
         0.0, "hold out this fraction of the samples for a validation loss, chosen by a hash "
         "of each sample's name (folder: its path; WebDataset: shard and __key__; built-in: "
         "its index), so the split is the same on every rank, for any rank count and after "
-        "a resume; the sample grids take their captions from it. 0: no validation")
+        "a resume; the sample grids draw from it (train: their captions; train-vae: the "
+        "images they reconstruct). 0: no validation")
     val_every_n_steps: int = option(
         0, "also measure the validation loss every N optimizer steps (it is always measured "
         "at each epoch end); 0: only at epoch ends", metavar="N")

@@ -4,7 +4,10 @@ its share and averaged over all held-out samples in one all-reduce.
 It is a sync point of its own, taken only at its cadence (--val_every_n_steps, each
 epoch end); the training steps between stay free of host synchronisation. It runs in a
 forked RNG with the model in eval mode, so measuring it (or how often) changes nothing
-training sees: a run with validation trains the same weights as one without.
+training sees: a run with validation trains the same weights as one without. Inside the
+fork every pass starts from one seed, so a model that draws in its forward (the VAE's
+Gumbel noise) draws the same noise at every measurement: fixed weights give a fixed
+validation loss, and the curve moves only with the weights.
 """
 
 from __future__ import annotations
@@ -16,6 +19,18 @@ import torch
 from dalle_dist.backends import DistributedBackend, Engine
 from dalle_dist.data.heldout import WeightedBatch
 from dalle_dist.train.task import Task
+
+#: What every validation pass seeds its forked RNG with (see the module docstring).
+VALIDATION_SEED = 0
+
+
+def seed_pass(device: torch.device) -> None:
+    """Seed the streams fork_rng forked, and only those: the CPU's and, on CUDA, the
+    run's device's (torch.manual_seed would also reseed every other visible GPU)."""
+    torch.random.default_generator.manual_seed(VALIDATION_SEED)
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            torch.cuda.manual_seed(VALIDATION_SEED)
 
 
 class HeldOut(Protocol):
@@ -48,6 +63,7 @@ def validation_loss(task: Task, engine: Engine, backend: DistributedBackend,
     was_training = module.training
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         module.eval()
+        seed_pass(device)
         try:
             with backend.waiting("the validation pass"):
                 sums = held_out_sums(task, engine, device, held_out.batches())
@@ -63,4 +79,5 @@ def validation_due(every_n_steps: int, step: int, epoch_done: bool) -> bool:
     return epoch_done or (bool(every_n_steps) and step % every_n_steps == 0)
 
 
-__all__ = ["HeldOut", "WeightedBatch", "held_out_sums", "validation_due", "validation_loss"]
+__all__ = ["VALIDATION_SEED", "HeldOut", "WeightedBatch", "held_out_sums", "seed_pass",
+           "validation_due", "validation_loss"]
