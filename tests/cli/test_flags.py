@@ -30,6 +30,7 @@ from dalle_dist.train.config import (
     TrainConfig,
     VAESamples,
     VAESchedule,
+    ValidationConfig,
 )
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "dalle_dist"
@@ -88,9 +89,9 @@ def test_plan_reports_the_defaults_train_help_shows() -> None:
 
 #: the configs whose fields each command's flags fill
 USES = {"train": (DALLEConfig, ComputeConfig, DataConfig, TokenizerConfig, TrainConfig,
-                  ResumeConfig, VAEConfig, DistributedConfig),
+                  ResumeConfig, VAEConfig, DistributedConfig, ValidationConfig),
         "train-vae": (VAEConfig, VAESchedule, VAESamples, DataConfig, ResumeConfig,
-                      DistributedConfig),
+                      DistributedConfig, ValidationConfig),
         "plan": (DALLEConfig, ComputeConfig, TokenizerConfig, VAEConfig, TrainConfig),
         "generate": (GenerateConfig, TokenizerConfig, DistributedConfig)}
 
@@ -111,7 +112,8 @@ def test_every_command_parses_a_shared_field_to_the_dataclass_default() -> None:
                 seen.setdefault(field.name, set()).add(name)
     shared = {field for field, names in seen.items() if len(names) > 1}
     assert {"dim", "depth", "heads", "dim_head", "image_size", "num_tokens", "codebook_dim",
-            "attn_impl", "bpe_path", "batch_size", "device", "zero_stage", "precision"} <= shared
+            "attn_impl", "bpe_path", "batch_size", "device", "zero_stage", "precision",
+            "val_fraction", "val_every_n_steps"} <= shared
     vae = subcommand_parser(parser, "train-vae").parse_args([])
     assert (vae.epochs, vae.learning_rate) == (VAE_TRAIN_DEFAULTS.epochs,
                                                VAE_TRAIN_DEFAULTS.learning_rate)
