@@ -8,6 +8,7 @@ compare that with the plain reading: every pattern searched on every cleaned lin
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -47,6 +48,34 @@ def test_prefiltered_search_finds_what_a_plain_search_finds() -> None:
             fast = [line for line, _ in log.search(pattern)]
             plain = [i for i, line in enumerate(cleaned) if pattern.regex.search(line)]
             assert fast == plain, (pattern.regex.pattern, text[:200])
+
+
+def _rich_text(text: str) -> str:
+    """`text` as rich text pastes it: quotes curly, `--` before an option an en dash, `...`
+    an ellipsis, every space a no-break one. doctor's normalisation turns an ASCII text so
+    changed back into itself."""
+    text = re.sub(r"(?<=\s)--(?=[A-Za-z])", "\u2013", text)
+    return (text.replace("'", "\u2019").replace('"', "\u201d").replace("...", "\u2026")
+            .replace(" ", "\u00a0"))
+
+
+def test_prefilter_reads_the_plain_punctuation() -> None:
+    """A corpus log pasted through rich text is read as the log itself: the same cleaned
+    lines, and each pattern matches on the same lines whether the prefilter picks them or
+    every line is searched. Fails when the prefilter (the distinct lines it scans) sees the
+    typographic text while the patterns see the plain one: a literal holding a quote or a
+    space is then ruled out on lines that match."""
+    for path in LOGS:
+        text = path.read_text(errors="replace")
+        if not text.isascii():
+            continue  # already typographic: not turned back into itself
+        log, twin = _Log(text), _Log(_rich_text(text))
+        assert [twin.clean_line(i) for i in range(twin.lines)] == \
+            [log.clean_line(i) for i in range(log.lines)], path.name
+        for pattern in ALL_PATTERNS:
+            fast = [line for line, _ in twin.search(pattern)]
+            plain = [i for i in range(twin.lines) if pattern.regex.search(twin.clean_line(i))]
+            assert fast == plain, (pattern.regex.pattern, path.name)
 
 
 @pytest.mark.parametrize(("literal", "text", "may_hold"), [

@@ -35,7 +35,8 @@ Fields
 
 Patterns key on the stable part of a message (the engine's wording), never on versions,
 paths, ranks or sizes; `doctor` removes timestamps, CI and logger prefixes, rank prefixes
-and ANSI colours before matching.
+and ANSI colours, and makes typographic punctuation plain (curly quotes, an en/em dash for
+an option's `--`, no-break spaces), before matching: write patterns in ASCII.
 
 Order matters: SIGNATURES lists root causes before the symptoms that usually follow
 them (a rank's CUDA OOM before the other ranks' NCCL timeouts). `doctor.diagnose`
@@ -670,11 +671,11 @@ SIGNATURES: tuple[Signature, ...] = (
         (r"No module named '?(?P<ext>amp_C|apex_C|fused_layer_norm_cuda|fused_adam_cuda|"
          r"syncbn|fused_dense_cuda|fused_mix_prec_layer_norm_cuda|mlp_cuda|"
          r"scaled_upper_triang_masked_softmax_cuda|scaled_masked_softmax_cuda)'?",
-         # Apex's optimizers and MultiTensorApply refuse to run without them; its contrib
-         # modules print which build flag was missing (fallback notices are benign above)
+         # Apex's optimizers refuse to run without them, MultiTensorApply and old releases
+         # name the missing build option, its contrib modules the missing build flag
+         # (fallback notices naming them are benign, above)
          r"\bapex\.[\w.]+ requires cuda extensions",
          r"\bFP16_Optimizer requires cuda extensions",   # apex.contrib's
-         r"MultiTensorApply is not available",
          r"(?i)\bapex was installed without --(?:cpp|cuda)_ext",
          r"\bapex was installed without --\w+ flag"),
         "NVIDIA Apex was installed without its C++/CUDA extensions, which this code path needs",
