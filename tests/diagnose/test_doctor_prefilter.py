@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dalle_dist.diagnose.doctor import _DIGITS, _Log, _patterns, _Text, _word_checks
+from dalle_dist.diagnose.doctor import _DIGITS, _fold_digits, _Log, _patterns, _Text, _word_checks
 from dalle_dist.diagnose.signatures import SIGNATURES
 
 HERE = Path(__file__).parent
@@ -76,6 +76,20 @@ def test_prefilter_reads_the_plain_punctuation() -> None:
             fast = [line for line, _ in twin.search(pattern)]
             plain = [i for i in range(twin.lines) if pattern.regex.search(twin.clean_line(i))]
             assert fast == plain, (pattern.regex.pattern, path.name)
+
+
+@pytest.mark.parametrize("text", [
+    "step 1234 loss 5.678",
+    "epoch 3:  45%|\u2588\u2588\u2588\u2588\u258c     | 4512/10000 [01:23<01:41, 53.9it/s]",
+    "DeepSpeed\u52a0\u8f7d\u5931\u8d25 [WinError 2] \u7cfb\u7edf 123",
+    "full-width \uff11\uff12\uff13, Arabic-Indic \u0661\u0662, emoji \U0001f525 9",
+], ids=["ascii", "tqdm-blocks", "chinese", "other-digits"])
+def test_folding_digits_through_bytes_is_translate(text: str) -> None:
+    """The prefilter's digit folding of a non-ASCII log goes through its UTF-8 bytes (fast)
+    and gives what str.translate gives: ASCII 1-9 become 0, every other character, other
+    scripts' digits included, stays. Fails when the byte path folds or garbles a
+    multi-byte character."""
+    assert _fold_digits(text) == text.translate(_DIGITS)
 
 
 @pytest.mark.parametrize(("literal", "text", "may_hold"), [

@@ -80,19 +80,23 @@ _PREFIX = re.compile(
 # ellipsis, spaces no-break ones, and invisible zero-width characters slip in. Engines print
 # plain ASCII, so the log is read with these turned back (see `normalise_punctuation`);
 # what doctor quotes from the log stays as the log has it.
-_PUNCTUATION = str.maketrans({
+_PUNCTUATION: dict[str, str] = {
     "\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'",
     "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"',
     "\u2010": "-", "\u2011": "-", "\u2026": "...",
     "\u00a0": " ", "\u2002": " ", "\u2003": " ", "\u2007": " ", "\u2009": " ",
     "\u202f": " ", "\u3000": " ",
     "\u200b": "", "\u200c": "", "\u200d": "", "\u2060": "", "\ufeff": "",
-})
+}
+# (a substitution, not str.translate: translate reads a non-ASCII text character by
+# character through the mapping, ~20x slower on a long log than scanning for these few)
+_TYPOGRAPHIC = re.compile("[" + "".join(_PUNCTUATION) + "]")
 # An en or em dash (or one next to a hyphen) that starts an option name: `–local_rank`,
 # `—deepspeed`, `-–fp16`. Not after a word, a number or a path (`1–5`, `a–b`), and not
-# before a space (a dash in prose).
-_OPTION_DASH = re.compile(r"(?<![\w.\-/\\\u2013\u2014])(?:[\u2013\u2014]-?|-[\u2013\u2014])"
-                          r"(?=[A-Za-z])")
+# before a space (a dash in prose); `_option_dash` looks at what comes before (the pattern
+# starts with the dash itself, so a long log is scanned for it quickly).
+_OPTION_DASH = re.compile(r"[\u2013\u2014]-?(?=[A-Za-z])")
+_NOT_BEFORE_OPTION = re.compile(r"[\w.\-/\\\u2013\u2014]")
 _BORDER = re.compile(r"^=+[ \t]*$")
 _EXCEPTION_LINE = re.compile(
     r"^\s*(?:[A-Za-z_]\w*\.)*(?:\w+(?:Error|Exception|Exit|Interrupt)|Exception)(?::|$)")
@@ -195,6 +199,18 @@ def _patterns(order: int) -> tuple[tuple[_Pattern, ...], tuple[_Pattern, ...]]:
 
 
 _DIGITS = str.maketrans("123456789", "000000000")
+_DIGIT_BYTES = bytes.maketrans(b"123456789", b"000000000")
+
+
+def _fold_digits(text: str) -> str:
+    """`text` with the digits 1-9 as 0. A non-ASCII text (tqdm's block bars, other
+    languages) goes through its UTF-8 bytes: str.translate would read it character by
+    character through a mapping (seconds on a 200k-line log), and an ASCII digit's byte
+    never occurs inside another character's UTF-8 sequence."""
+    if text.isascii():
+        return text.translate(_DIGITS)
+    return text.encode("utf-8", "surrogatepass").translate(_DIGIT_BYTES).decode(
+        "utf-8", "surrogatepass")
 
 
 @cache
@@ -280,7 +296,7 @@ class _Log:
         self.plain = self.raw if plain is raw else plain.split("\n")
         assert len(self.plain) == len(self.raw)
         self._members: dict[str, list[int]] = {}
-        for i, line in enumerate(plain.translate(_DIGITS).split("\n")):
+        for i, line in enumerate(_fold_digits(plain).split("\n")):
             self._members.setdefault(line, []).append(i)
         self._distinct = list(self._members.values())   # indexes of each distinct line
         self._text: _Text | None = None
@@ -364,7 +380,21 @@ def normalise_punctuation(text: str) -> str:
     ASCII text is returned as it is (no copy)."""
     if text.isascii():
         return text
-    return _OPTION_DASH.sub("--", text).translate(_PUNCTUATION)
+    if "\u2013" in text or "\u2014" in text:
+        text = _OPTION_DASH.sub(_option_dash, text)
+    return _TYPOGRAPHIC.sub(lambda m: _PUNCTUATION[m.group()], text)
+
+
+def _option_dash(m: re.Match[str]) -> str:
+    """`--` for a dash that starts an option name (`-` after a hyphen already there: the
+    two are the option's dashes), the dash as it is elsewhere."""
+    text, at = m.string, m.start()
+    before = text[at - 1] if at else " "
+    if before == "-":
+        before, dashes = (text[at - 2] if at > 1 else " "), "-"
+    else:
+        dashes = "--"
+    return m.group() if _NOT_BEFORE_OPTION.match(before) else dashes
 
 
 def _fill(template: str, groups: dict[str, str]) -> str:
