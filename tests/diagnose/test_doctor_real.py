@@ -527,8 +527,8 @@ def test_hf_parser_given_local_rank_is_the_launcher_flag() -> None:
      "pages 1\u20135, a \u2013 b, x\u2014y, /tmp/\u2013x, a.\u2013b"),
     ("No module named \u2018torch._six\u2019", "No module named 'torch._six'"),
     ("\u201cfp16\u201d: {\u201cenabled\u201d: true}", '"fp16": {"enabled": true}'),
-    ("CUDA\u00a0out of\u202fmemory\u200b\u2026\nnext\u2011line",
-     "CUDA out of memory...\nnext-line"),
+    ("CUDA\u00a0out of\u202fmemory\u200b\u2026\nnext\u2011line \u22129",
+     "CUDA out of memory...\nnext-line -9"),
 ], ids=["em-dash-option", "en-dash-options", "prose-dashes-kept", "curly-single",
         "curly-double", "spaces-invisible-ellipsis"])
 def test_typographic_punctuation_is_made_plain(text: str, plain: str) -> None:
