@@ -8,12 +8,13 @@ compare that with the plain reading: every pattern searched on every cleaned lin
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from dalle_dist.diagnose.doctor import _DIGITS, _Log, _patterns, _Text, _word_checks
+from dalle_dist.diagnose.doctor import _DIGITS, _fold_digits, _Log, _patterns, _Text, _word_checks
 from dalle_dist.diagnose.signatures import SIGNATURES
 
 HERE = Path(__file__).parent
@@ -47,6 +48,48 @@ def test_prefiltered_search_finds_what_a_plain_search_finds() -> None:
             fast = [line for line, _ in log.search(pattern)]
             plain = [i for i, line in enumerate(cleaned) if pattern.regex.search(line)]
             assert fast == plain, (pattern.regex.pattern, text[:200])
+
+
+def _rich_text(text: str) -> str:
+    """`text` as rich text pastes it: quotes curly, `--` before an option an en dash, `...`
+    an ellipsis, every space a no-break one. doctor's normalisation turns an ASCII text so
+    changed back into itself."""
+    text = re.sub(r"(?<=\s)--(?=[A-Za-z])", "\u2013", text)
+    return (text.replace("'", "\u2019").replace('"', "\u201d").replace("...", "\u2026")
+            .replace(" ", "\u00a0"))
+
+
+def test_prefilter_reads_the_plain_punctuation() -> None:
+    """A corpus log pasted through rich text is read as the log itself: the same cleaned
+    lines, and each pattern matches on the same lines whether the prefilter picks them or
+    every line is searched. Fails when the prefilter (the distinct lines it scans) sees the
+    typographic text while the patterns see the plain one: a literal holding a quote or a
+    space is then ruled out on lines that match."""
+    for path in LOGS:
+        text = path.read_text(errors="replace")
+        if not text.isascii():
+            continue  # already typographic: not turned back into itself
+        log, twin = _Log(text), _Log(_rich_text(text))
+        assert [twin.clean_line(i) for i in range(twin.lines)] == \
+            [log.clean_line(i) for i in range(log.lines)], path.name
+        for pattern in ALL_PATTERNS:
+            fast = [line for line, _ in twin.search(pattern)]
+            plain = [i for i in range(twin.lines) if pattern.regex.search(twin.clean_line(i))]
+            assert fast == plain, (pattern.regex.pattern, path.name)
+
+
+@pytest.mark.parametrize("text", [
+    "step 1234 loss 5.678",
+    "epoch 3:  45%|\u2588\u2588\u2588\u2588\u258c     | 4512/10000 [01:23<01:41, 53.9it/s]",
+    "DeepSpeed\u52a0\u8f7d\u5931\u8d25 [WinError 2] \u7cfb\u7edf 123",
+    "full-width \uff11\uff12\uff13, Arabic-Indic \u0661\u0662, emoji \U0001f525 9",
+], ids=["ascii", "tqdm-blocks", "chinese", "other-digits"])
+def test_folding_digits_through_bytes_is_translate(text: str) -> None:
+    """The prefilter's digit folding of a non-ASCII log goes through its UTF-8 bytes (fast)
+    and gives what str.translate gives: ASCII 1-9 become 0, every other character, other
+    scripts' digits included, stays. Fails when the byte path folds or garbles a
+    multi-byte character."""
+    assert _fold_digits(text) == text.translate(_DIGITS)
 
 
 @pytest.mark.parametrize(("literal", "text", "may_hold"), [

@@ -9,7 +9,8 @@ collected apart as the first held-out set and scored once before anyone read it 
 projects, collected apart and scored blind once (40/48 = 0.833); round 3 of the signatures
 was written against its misses. `blind`: 50 logs from 49 further repositories, collected
 apart while round 3 was written (the collector never ran doctor) and scored once after it
-(44/50 = 0.880). Every set
+(44/50 = 0.880); round 4 was written against its misses, so it is no longer blind either.
+Every set
 that is present is scored against its threshold in THRESHOLDS; a set expected but not yet
 merged is listed in PENDING_SETS, so its absence is stated here, not skipped silently,
 and its arrival fails test_real_sets_are_the_expected_ones until it is taken off the list.
@@ -26,7 +27,7 @@ import pytest
 
 from dalle_dist.cli.doctor_cmd import UNKNOWN_NEXT_STEPS, run_doctor
 from dalle_dist.diagnose.corpus import SOURCE_KEYS, real_set, real_sets, score, sources
-from dalle_dist.diagnose.doctor import diagnose
+from dalle_dist.diagnose.doctor import diagnose, normalise_punctuation
 from dalle_dist.diagnose.signatures import BENIGN, CATEGORIES, UNKNOWN
 
 REAL = Path(__file__).parent / "real"
@@ -36,9 +37,14 @@ REAL = Path(__file__).parent / "real"
 #: 0.958), so like outside it is no longer a blind measure: a fresh set from other
 #: repositories scores the next round. The two logs still missed show their cause only in
 #: the thread (a bare torch._six ImportError; a NaN loss with fp16 autocast on by default).
-#: blind: scored once after round 3 (44/50 = 0.880; every miss an abstention, `unknown`, no
-#: wrong category): the floor until a round is written against it.
-THRESHOLDS = {"dev": 0.97, "outside": 0.97, "heldout": 0.95, "blind": 0.88}
+#: blind: scored blind once, after round 3: 44/50 (0.880), every miss an abstention
+#: (`unknown`), no wrong category. Round 4 then wrote rules against its misses (typographic
+#: punctuation made plain, Apex amp used after a failed import, Apex without its
+#: extensions, no ZeRO files found): 49/50 (0.980), so it no longer predicts unseen logs;
+#: the next fresh set from other repositories does. Its one miss stays `unknown` on
+#: purpose: a Chinese-only notice of one project that DeepSpeed failed to load and it fell
+#: back (the thread calls it harmless); no language-independent line says so.
+THRESHOLDS = {"dev": 0.97, "outside": 0.97, "heldout": 0.95, "blind": 0.98}
 #: Sets expected but not merged yet (collected on another branch).
 PENDING_SETS: set[str] = set()
 PRESENT = real_sets(REAL)
@@ -508,3 +514,110 @@ def test_hf_parser_given_local_rank_is_the_launcher_flag() -> None:
     line = ("ValueError: Some specified arguments are not used by the HfArgumentParser: "
             "['--local-rank=1']")
     assert diagnose(line).signature == "local-rank-unrecognized"
+
+
+# -- round 4: what rich text does to a pasted log, and the wordings behind the blind misses -----
+
+@pytest.mark.parametrize(("text", "plain"), [
+    ("train.py: error: unrecognized arguments: \u2014local-rank=0",
+     "train.py: error: unrecognized arguments: --local-rank=0"),
+    ("deepspeed train.py \u2013deepspeed -\u2013fp16 [\u2018\u2013lora_r\u2019]",
+     "deepspeed train.py --deepspeed --fp16 ['--lora_r']"),
+    ("pages 1\u20135, a \u2013 b, x\u2014y, /tmp/\u2013x, a.\u2013b",
+     "pages 1\u20135, a \u2013 b, x\u2014y, /tmp/\u2013x, a.\u2013b"),
+    ("No module named \u2018torch._six\u2019", "No module named 'torch._six'"),
+    ("\u201cfp16\u201d: {\u201cenabled\u201d: true}", '"fp16": {"enabled": true}'),
+    ("CUDA\u00a0out of\u202fmemory\u200b\u2026\nnext\u2011line \u22129",
+     "CUDA out of memory...\nnext-line -9"),
+], ids=["em-dash-option", "en-dash-options", "prose-dashes-kept", "curly-single",
+        "curly-double", "spaces-invisible-ellipsis"])
+def test_typographic_punctuation_is_made_plain(text: str, plain: str) -> None:
+    """Rich text turns `--` before an option into an en or em dash, quotes curly, spaces
+    no-break and `...` an ellipsis; doctor turns them back, line for line. A dash between
+    words or numbers, after a path or before a space is prose and stays. Fails when a
+    piece of the mapping is dropped, or when the dash rule rewrites prose dashes."""
+    assert normalise_punctuation(text) == plain
+    assert normalise_punctuation(text).count("\n") == text.count("\n")
+
+
+@pytest.mark.parametrize(("text", "category", "signature"), [
+    ("KeyError: \u2018LOCAL_RANK\u2019", "launcher-args", "no-launcher-environment"),
+    ("usage: pretrain.py [-h] [--epochs EPOCHS]\npretrain.py: error: unrecognized arguments: "
+     "\u2014local-rank=3", "launcher-args", "local-rank-unrecognized"),
+    ("ValueError: Some specified arguments are not used by the HfArgumentParser: "
+     "[\u2018\u2013local_rank=0\u2019]", "launcher-args", "local-rank-unrecognized"),
+    ("RuntimeError: Error building extension \u2018fused_adam\u2019", "deepspeed-op-build",
+     "ds-op-build-failed"),
+    ("torch.OutOfMemoryError: CUDA\u00a0out of memory. Tried to allocate 2.00\u00a0GiB",
+     "cuda-oom", "cuda-out-of-memory"),
+], ids=["curly-key", "em-dash-local-rank", "hf-parser-quotes-dash", "curly-op-name",
+        "no-break-spaces"])
+def test_a_log_pasted_through_rich_text_reads_as_printed(text: str, category: str,
+                                                         signature: str) -> None:
+    """Each line needs its plain punctuation to match (a straight quote, `--local`, plain
+    spaces are in the patterns), and what doctor quotes is still the line as posted. Fails
+    when the punctuation is not made plain (the patterns or the literal prefilter see the
+    typographic text: unknown, or the generic bad-arguments reading), or when the quoted
+    line is the normalised one."""
+    diagnosis = diagnose(text)
+    assert (diagnosis.category, diagnosis.signature) == (category, signature)
+    assert diagnosis.matches[-1].text == text.splitlines()[-1].strip()
+
+
+@pytest.mark.parametrize(("text", "category"), [
+    # Apex amp used where its try/except import failed (a NameError, or amp set to None)
+    ("    with amp.scale_loss(loss, optimizer) as scaled_loss:\nNameError: name 'amp' is not "
+     "defined. Did you mean: 'map'?", "apex-missing-or-wrong"),
+    ("    model, optimizer = amp.initialize(model, optimizer, opt_level=args.fp16_opt_level)\n"
+     "AttributeError: 'NoneType' object has no attribute 'initialize'",
+     "apex-missing-or-wrong"),
+    ("    model = apex.parallel.convert_syncbn_model(model)\nNameError: name 'apex' is not "
+     "defined", "apex-missing-or-wrong"),
+    ("    scaler = amp.GradScaler()\nNameError: name 'amp' is not defined", UNKNOWN),
+    # Apex built without its extensions, in its optimizers' and helpers' words
+    ("RuntimeError: apex.optimizers.FusedLAMB requires cuda extensions",
+     "apex-missing-or-wrong"),
+    ("RuntimeError: apex.contrib.optimizers.FusedSGD requires cuda extensions",
+     "apex-missing-or-wrong"),
+    ("RuntimeError: FP16_Optimizer requires cuda extensions", "apex-missing-or-wrong"),
+    ("RuntimeError: ScaledMaskedSoftmax requires cuda extensions", UNKNOWN),
+    ("RuntimeError: Attempted to call MultiTensorApply method, but MultiTensorApply is not "
+     "available, possibly because Apex was installed without --cpp_ext --cuda_ext.",
+     "apex-missing-or-wrong"),
+    ("Warning:  apex was installed without --cuda_ext.  FusedLayerNorm will be unavailable.",
+     "apex-missing-or-wrong"),
+    ("apex was installed without --xentropy flag, contrib.xentropy is not available\n"
+     "ModuleNotFoundError: No module named 'xentropy_cuda'", "apex-missing-or-wrong"),
+    ("Warning:  apex was installed without --cpp_ext.  Falling back to Python flatten and "
+     "unflatten.", BENIGN),
+    ("Warning:  using Python fallback for SyncBatchNorm, possibly because apex was installed "
+     "without --cuda_ext.  The exception raised when attempting to import the cuda backend "
+     "was:  No module named 'syncbn'", BENIGN),
+    ("Warning:  apex was installed without --cuda_ext. Fused syncbn kernels will be "
+     "unavailable.  Python fallbacks will be used instead.", BENIGN),
+    # DeepSpeed's checkpoint readers finding no ZeRO files where they look
+    ("[rank0]: AssertionError: No ZeRO files found in /mnt/ckpt/step_500/", "zero-checkpoint"),
+    ("FileNotFoundError: can't find ZeRO Stage 3 model state files in directory "
+     "'/ckpt/global_step5'", "zero-checkpoint"),
+    ("RuntimeError: Missing ZeRO-3 checkpoint file for tp_rank=0, dp_rank=3",
+     "zero-checkpoint"),
+    ("RuntimeError: ZeRO-3 checkpoint has no model/optimizer rank files", "zero-checkpoint"),
+    # argparse's line as some wrappers (or users) capitalise it
+    ("Error: unrecognized arguments: --nproc_per_node=8", "launcher-args"),
+], ids=["amp-scale-loss-nameerror", "amp-none-initialize", "apex-nameerror",
+        "torch-amp-nameerror", "apex-fused-lamb", "apex-contrib-sgd", "apex-fp16-optimizer",
+        "colossal-softmax", "apex-multi-tensor", "apex-old-layer-norm", "apex-contrib-flag",
+        "apex-flatten-fallback", "apex-syncbn-fallback", "apex-old-syncbn-fallback",
+        "ds-no-zero-files", "ds-stage3-no-files", "ds-universal-missing", "ds-universal-none",
+        "capital-error"])
+def test_wordings_beyond_the_blind_logs(text: str, category: str) -> None:
+    """Round 4's rules, each in other words than the blind log that showed it missing:
+    Apex amp used after its import failed quietly (amp.scale_loss, amp set to None, the
+    `apex` name itself), though torch.cuda.amp's NameError is not Apex's; every Apex
+    optimizer's and helper's "requires cuda extensions" and "installed without" (not
+    another project's kernel saying the same), while Apex's Python fallback notices stay
+    harmless; the ZeRO checkpoint readers of conversion to Megatron, universal checkpoints
+    and ZeRO-3 finding no files; argparse's error capitalised. Fails when a rule is
+    removed, loses its context (torch amp or ColossalAI read as Apex) or keys on one log's
+    words."""
+    assert diagnose(text).category == category

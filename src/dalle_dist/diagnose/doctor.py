@@ -3,7 +3,9 @@
 The knowledge is data (dalle_dist.diagnose.signatures); this module only reads a log
 and picks among the signatures it matches:
 
-1. Lines are matched after removing ANSI colours and what launchers, loggers and CI put
+1. Lines are matched after removing ANSI colours, making typographic punctuation plain
+   (curly quotes, an en/em dash for an option's `--`, no-break spaces: what rich text
+   turns a pasted log into), and removing what launchers, loggers and CI put
    before a line (`[rank0]:`, `[1,0]<stderr>:`, `<stderr>:`, timestamps, glog headers
    such as `E0213 12:07:20.086 42 api.py:874]`, DeepSpeed's `[<time>] [INFO] [f:l:fn]`,
    Python logging's `ERROR:name:`, quoting `> ` and backticks of pasted logs), so a
@@ -73,6 +75,28 @@ _PREFIX = re.compile(
     r"|>[ \t]?"                                                    # quoted in an issue
     r"|`+|\*\*"                                                    # markdown around lines
     r"))+", re.MULTILINE)
+# Rich text (issue trackers, chat, word processors, macOS smart punctuation) rewrites what
+# it pastes: quotes become curly, `--` before an option becomes an en or em dash, `...` an
+# ellipsis, spaces no-break ones, and invisible zero-width characters slip in. Engines print
+# plain ASCII, so the log is read with these turned back (see `normalise_punctuation`);
+# what doctor quotes from the log stays as the log has it.
+_PUNCTUATION: dict[str, str] = {
+    "\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'",
+    "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"',
+    "\u2010": "-", "\u2011": "-", "\u2212": "-", "\u2026": "...",
+    "\u00a0": " ", "\u2002": " ", "\u2003": " ", "\u2007": " ", "\u2009": " ",
+    "\u202f": " ", "\u3000": " ",
+    "\u200b": "", "\u200c": "", "\u200d": "", "\u2060": "", "\ufeff": "",
+}
+# (a substitution, not str.translate: translate reads a non-ASCII text character by
+# character through the mapping, ~20x slower on a long log than scanning for these few)
+_TYPOGRAPHIC = re.compile("[" + "".join(_PUNCTUATION) + "]")
+# An en or em dash (or one next to a hyphen) that starts an option name: `–local_rank`,
+# `—deepspeed`, `-–fp16`. Not after a word, a number or a path (`1–5`, `a–b`), and not
+# before a space (a dash in prose); `_option_dash` looks at what comes before (the pattern
+# starts with the dash itself, so a long log is scanned for it quickly).
+_OPTION_DASH = re.compile(r"[\u2013\u2014]-?(?=[A-Za-z])")
+_NOT_BEFORE_OPTION = re.compile(r"[\w.\-/\\\u2013\u2014]")
 _BORDER = re.compile(r"^=+[ \t]*$")
 _EXCEPTION_LINE = re.compile(
     r"^\s*(?:[A-Za-z_]\w*\.)*(?:\w+(?:Error|Exception|Exit|Interrupt)|Exception)(?::|$)")
@@ -175,6 +199,18 @@ def _patterns(order: int) -> tuple[tuple[_Pattern, ...], tuple[_Pattern, ...]]:
 
 
 _DIGITS = str.maketrans("123456789", "000000000")
+_DIGIT_BYTES = bytes.maketrans(b"123456789", b"000000000")
+
+
+def _fold_digits(text: str) -> str:
+    """`text` with the digits 1-9 as 0. A non-ASCII text (tqdm's block bars, other
+    languages) goes through its UTF-8 bytes: str.translate would read it character by
+    character through a mapping (seconds on a 200k-line log), and an ASCII digit's byte
+    never occurs inside another character's UTF-8 sequence."""
+    if text.isascii():
+        return text.translate(_DIGITS)
+    return text.encode("utf-8", "surrogatepass").translate(_DIGIT_BYTES).decode(
+        "utf-8", "surrogatepass")
 
 
 @cache
@@ -245,16 +281,22 @@ class _Text:
 
 
 class _Log:
-    """A log read lazily by line. Substring prefilters run on its distinct lines with
+    """A log read lazily by line. Its typographic punctuation is made plain first
+    (`normalise_punctuation`), for the prefilter and the patterns alike; `raw_line` keeps
+    the log's own text for quoting. Substring prefilters run on its distinct lines with
     digits folded to 0 (a long run repeats the same step, timer and NCCL INFO lines with
     other numbers), and a line is cleaned of its prefixes and matched against a pattern
     only when it holds the pattern's rarest literal run."""
 
     def __init__(self, text: str) -> None:
         raw = _ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
-        self.raw = raw.split("\n")
+        self.raw = raw.split("\n")   # what doctor quotes: the log's own lines
+        plain = normalise_punctuation(raw)
+        # what patterns and the prefilter read: the same lines, punctuation made plain
+        self.plain = self.raw if plain is raw else plain.split("\n")
+        assert len(self.plain) == len(self.raw)
         self._members: dict[str, list[int]] = {}
-        for i, line in enumerate(raw.translate(_DIGITS).split("\n")):
+        for i, line in enumerate(_fold_digits(plain).split("\n")):
             self._members.setdefault(line, []).append(i)
         self._distinct = list(self._members.values())   # indexes of each distinct line
         self._text: _Text | None = None
@@ -271,7 +313,7 @@ class _Log:
 
     def clean_line(self, i: int) -> str:
         if i not in self._clean:
-            self._clean[i] = _PREFIX.sub("", self.raw[i], count=1)
+            self._clean[i] = _PREFIX.sub("", self.plain[i], count=1)
         return self._clean[i]
 
     def _text_of_lines(self) -> _Text:
@@ -328,6 +370,31 @@ class _Log:
         for word in words:
             found.update(self.candidates(_Pattern(re.compile(re.escape(word)), (word.lower(),))))
         return sorted(found)
+
+
+def normalise_punctuation(text: str) -> str:
+    """`text` with the typographic punctuation rich text pastes turned back into what the
+    engines print: curly quotes straight, an en/em dash starting an option name `--`, an
+    ellipsis `...`, no-break and other wide spaces plain spaces, zero-width characters
+    gone. Never adds or removes a line break, so line numbers stay those of the log; an
+    ASCII text is returned as it is (no copy)."""
+    if text.isascii():
+        return text
+    if "\u2013" in text or "\u2014" in text:
+        text = _OPTION_DASH.sub(_option_dash, text)
+    return _TYPOGRAPHIC.sub(lambda m: _PUNCTUATION[m.group()], text)
+
+
+def _option_dash(m: re.Match[str]) -> str:
+    """`--` for a dash that starts an option name (`-` after a hyphen already there: the
+    two are the option's dashes), the dash as it is elsewhere."""
+    text, at = m.string, m.start()
+    before = text[at - 1] if at else " "
+    if before == "-":
+        before, dashes = (text[at - 2] if at > 1 else " "), "-"
+    else:
+        dashes = "--"
+    return m.group() if _NOT_BEFORE_OPTION.match(before) else dashes
 
 
 def _fill(template: str, groups: dict[str, str]) -> str:

@@ -35,7 +35,8 @@ Fields
 
 Patterns key on the stable part of a message (the engine's wording), never on versions,
 paths, ranks or sizes; `doctor` removes timestamps, CI and logger prefixes, rank prefixes
-and ANSI colours before matching.
+and ANSI colours, and makes typographic punctuation plain (curly quotes, an en/em dash for
+an option's `--`, no-break spaces), before matching: write patterns in ASCII.
 
 Order matters: SIGNATURES lists root causes before the symptoms that usually follow
 them (a rank's CUDA OOM before the other ranks' NCCL timeouts). `doctor.diagnose`
@@ -552,11 +553,16 @@ SIGNATURES: tuple[Signature, ...] = (
         "horovodrun --check-build"),
     # -- Apex ---------------------------------------------------------------------------
     # Apex's fallback warning quotes the ImportError of amp_C: listed first, it claims the line.
+    # Its other fallback notices (flatten/unflatten, SyncBatchNorm) name the missing build
+    # option too, which apex-extensions-missing reads as a failure elsewhere.
     Signature(
         "apex-python-fallback", BENIGN,
-        (r"multi_tensor_applier fused unscale kernel is unavailable",),
-        "Apex was installed without --cuda_ext --cpp_ext and unscales in Python: slower, "
-        "still correct",
+        (r"multi_tensor_applier fused unscale kernel is unavailable",
+         r"Falling back to Python flatten and unflatten",
+         r"using Python fallback for SyncBatchNorm",
+         r"Python fallbacks will be used instead"),
+        "Apex was installed without --cuda_ext --cpp_ext and runs that part in Python: "
+        "slower, still correct",
         "nothing; rebuild Apex with its extensions only for speed",
         'python -c "import amp_C"',
         benign=True),
@@ -636,6 +642,21 @@ SIGNATURES: tuple[Signature, ...] = (
         "pip uninstall apex; use native mixed precision (--precision fp16 or bf16) instead "
         "of Apex amp",
         'python -c "import apex, sys; print(apex.__file__, hasattr(apex, \'amp\'))"'),
+    # Code that imports Apex amp inside try/except (or sets it to None) fails only where it
+    # uses amp: a NameError or a None without amp's functions. Only Apex amp has
+    # initialize/scale_loss/master_params (torch.cuda.amp has none), so those calls, or an
+    # Apex import, in the log say which `amp` is meant.
+    Signature(
+        "apex-amp-not-imported", "apex-missing-or-wrong",
+        (r"NameError: name '?amp'? is not defined",
+         r"'NoneType' object has no attribute '(?:initialize|scale_loss|master_params)'"),
+        "the code uses Apex amp (amp.initialize, amp.scale_loss) but its import of Apex "
+        "failed quietly: NVIDIA Apex is not installed (or not importable) here",
+        "use native mixed precision (--precision fp16 or bf16), which needs no Apex; or "
+        "build NVIDIA Apex from github.com/NVIDIA/apex",
+        'python -c "from apex import amp"',
+        requires=(r"\bamp\.(?:initialize|scale_loss|master_params)\(",
+                  r"\bfrom apex import\b", r"^\s*import apex\b")),
     Signature(
         "apex-build-cuda-mismatch", "apex-missing-or-wrong",
         (r"Cuda extensions are being compiled with a version of Cuda that does not match the "
@@ -650,7 +671,13 @@ SIGNATURES: tuple[Signature, ...] = (
         (r"No module named '?(?P<ext>amp_C|apex_C|fused_layer_norm_cuda|fused_adam_cuda|"
          r"syncbn|fused_dense_cuda|fused_mix_prec_layer_norm_cuda|mlp_cuda|"
          r"scaled_upper_triang_masked_softmax_cuda|scaled_masked_softmax_cuda)'?",
-         r"apex was installed without --cuda_ext"),
+         # Apex's optimizers refuse to run without them, MultiTensorApply and old releases
+         # name the missing build option, its contrib modules the missing build flag
+         # (fallback notices naming them are benign, above)
+         r"\bapex\.[\w.]+ requires cuda extensions",
+         r"\bFP16_Optimizer requires cuda extensions",   # apex.contrib's
+         r"(?i)\bapex was installed without --(?:cpp|cuda)_ext",
+         r"\bapex was installed without --\w+ flag"),
         "NVIDIA Apex was installed without its C++/CUDA extensions, which this code path needs",
         "reinstall Apex from source with its extensions (pip install -v "
         "--no-build-isolation --config-settings '--build-option=--cpp_ext' "
@@ -672,6 +699,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "apex-not-installed", "apex-missing-or-wrong",
         (r"No module named '?apex'?(?![.\w])",
+         r"NameError: name '?apex'? is not defined",   # its import was in try/except
          r"(?i)please install apex from https?://(?:www\.)?github\.com/nvidia/apex",
          # timm, transformers' old Trainer, NeMo: "... but APEX is not installed",
          # "Apex was not found. Please see ..." (apex-optional-missing claims notices)
@@ -716,7 +744,12 @@ SIGNATURES: tuple[Signature, ...] = (
          r"DeepSpeed could not load \S+",
          r"Invalid for universal checkpoint",
          r"\bin check_ckpt_list\b",
-         r"zero_to_fp32[^\n]*(?:FileNotFoundError|No such file)"),
+         r"zero_to_fp32[^\n]*(?:FileNotFoundError|No such file)",
+         # DeepSpeed's checkpoint readers (conversion to Megatron or universal, zero_to_fp32)
+         r"No ZeRO files found in",
+         r"can't find [^\n]*(?:ZeRO|_states)[^\n]* files in directory",
+         r"Missing ZeRO(?:-\d)? (?:optimizer )?checkpoint",
+         r"ZeRO-\d checkpoint has no model/optimizer rank files"),
         "the DeepSpeed checkpoint directory is incomplete: a rank's partition file, the "
         "tag or 'latest' is missing (a save that did not finish, or files not copied from "
         "every node)",
@@ -776,7 +809,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # -- launcher and command line --------------------------------------------------------
     Signature(
         "local-rank-unrecognized", "launcher-args",
-        (r"error: unrecognized arguments: .*--local[_-]rank",
+        (r"[Ee]rror: unrecognized arguments: .*--local[_-]rank",
          # transformers' parser, given torchrun's --local-rank
          r"arguments are not used by the HfArgumentParser: .*--local[_-]rank"),
         "the launcher passes --local_rank (deepspeed, torch.distributed.launch) but the "
@@ -787,7 +820,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "dalle-dist --local_rank=0 train --help"),
     Signature(
         "bad-arguments", "launcher-args",
-        (r"error: unrecognized arguments:",
+        (r"[Ee]rror: unrecognized arguments:",
          r"Some specified arguments are not used by the HfArgumentParser",
          r"error: the following arguments are required:",
          r"error: argument [-\w/]+: (?:invalid|expected|ambiguous)",
