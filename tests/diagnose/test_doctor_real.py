@@ -10,8 +10,8 @@ projects, collected apart and scored blind once (40/48 = 0.833); round 3 of the 
 was written against its misses. `blind`: 50 logs from 49 further repositories, collected
 apart while round 3 was written (the collector never ran doctor) and scored once after it
 (44/50 = 0.880); round 4 was written against its misses, so it is no longer blind either.
-Every set
-that is present is scored against its threshold in THRESHOLDS; a set expected but not yet
+`blind2`: 45 logs from 44 more repositories, collected apart while round 4 was written and
+scored once after it (30/45 = 0.667), the current honest measure. Every set that is present is scored against its threshold in THRESHOLDS; a set expected but not yet
 merged is listed in PENDING_SETS, so its absence is stated here, not skipped silently,
 and its arrival fails test_real_sets_are_the_expected_ones until it is taken off the list.
 """
@@ -44,7 +44,14 @@ REAL = Path(__file__).parent / "real"
 #: the next fresh set from other repositories does. Its one miss stays `unknown` on
 #: purpose: a Chinese-only notice of one project that DeepSpeed failed to load and it fell
 #: back (the thread calls it harmless); no language-independent line says so.
-THRESHOLDS = {"dev": 0.97, "outside": 0.97, "heldout": 0.95, "blind": 0.98}
+#: blind2: scored blind once, after round 4: 30/45 (0.667), again every miss an abstention,
+#: no wrong category. Its misses: wordings of other projects for known causes (a loss
+#: scale halving as guided-diffusion's "decreased lg_loss_scale", allennlp's "could not
+#: import apex", a batch-divisibility assert without DeepSpeed's words, Triton missing as
+#: "Triton is not available"), long lines hard-wrapped in the paste (an NCCL watchdog
+#: timeout split mid-word), and logs cut before their error line. The floor until a round
+#: is written against it.
+THRESHOLDS = {"dev": 0.97, "outside": 0.97, "heldout": 0.95, "blind": 0.98, "blind2": 0.66}
 #: Sets expected but not merged yet (collected on another branch).
 PENDING_SETS: set[str] = set()
 PRESENT = real_sets(REAL)
