@@ -15,6 +15,16 @@ from pathlib import Path
 
 import pytest
 
+#: OpenMP threads that wait for each other sleep instead of spinning. By default torch's
+#: two threads on two cores busy-wait at every parallel region: alone on the machine that
+#: costs little, but next to any other busy process (a launcher's ranks, a second test run,
+#: CI's neighbours) each spinning thread steals the core the other one needs. Measured on the
+#: 2-core machine under load: a 32px VAE step 3.9 s spinning vs 0.15 s passive, and
+#: test_default_path[single] over its 300 s timeout vs 69 s. Thread counts stay as they
+#: were, so every result is the same bit for bit. Set before torch is imported (libgomp reads
+#: it when loaded), here and in every process the tests start, which inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 TINY_VAE_FLAGS = [
     "--image_size", "16", "--num_layers", "2", "--num_tokens", "32", "--emb_dim", "16",
     "--hidden_dim", "16", "--num_resnet_blocks", "0",
