@@ -30,10 +30,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from dalle_dist.backends.base import Engine, OptimizerFactory, SchedulerFactory, parameter_digest
 from dalle_dist.backends.plan_terms import PlanTerms
@@ -41,26 +49,12 @@ from dalle_dist.backends.precision import PRECISION_KINDS, Precision
 from dalle_dist.backends.torch_dist import TorchDistributedBackend
 from dalle_dist.errors import DalleDistError
 
-if TYPE_CHECKING:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-# torch.distributed.fsdp and torch.distributed.checkpoint (DTensor under both) are imported
-# where they are used: importing this module registers the backend, which every
-# `dalle-dist` process does, and those imports cost about 2 s of CPU per process.
-
-
-def _full_on_root() -> StateDictOptions:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+_FULL_ON_ROOT = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def mixed_precision_policy(precision_name: str) -> MixedPrecisionPolicy:
     """Gather parameters in the precision's dtype (fp32 when it has none), reduce gradients
     in fp32: summing over ranks in bf16 would lose the low bits of every gradient."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
     dtype = PRECISION_KINDS[precision_name].dtype
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
@@ -86,9 +80,6 @@ def shard_onto(module: nn.Module, units: Sequence[nn.Module | list[nn.Module]],
     to the device). Buffers are not sharded: each rank gets its copy back. A unit given
     as a list is one `fully_shard([...])` group: modules that share parameters.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     params = {name: param.detach() for name, param in module.named_parameters()}
     buffers = {name: buffer.detach() for name, buffer in module.named_buffers()}
     module.to("meta")
@@ -112,17 +103,13 @@ class FSDPEngine(Engine):
     shards_parameters: ClassVar[bool] = True
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        state = get_model_state_dict(self.module, options=_full_on_root())
+        state = get_model_state_dict(self.module, options=_FULL_ON_ROOT)
         return state if self.is_root else None
 
     def optimizer_state_dict(self) -> dict[str, Any] | None:
         if not self.optimizer.state:  # see Engine.optimizer_state_dict
             return None
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-        state = get_optimizer_state_dict(self.module, self.optimizer, options=_full_on_root())
+        state = get_optimizer_state_dict(self.module, self.optimizer, options=_FULL_ON_ROOT)
         return state if self.is_root else None
 
     def rank_digest(self) -> str:
@@ -139,11 +126,6 @@ class FSDPEngine(Engine):
         return contextlib.nullcontext()
 
     def _load_optimizer(self, optimizer: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_optimizer_state_dict,
-        )
-
         # Every rank read the file: each takes its own shard of the full state.
         set_optimizer_state_dict(
             self.module, self.optimizer, optimizer,
