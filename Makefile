@@ -43,8 +43,9 @@ demo: $(BASE)
 lint: $(BASE)
 	$(BIN)/ruff check src tests bench
 
+# --durations=30: every CI log lists the slowest tests, so a slow new one shows at once.
 test: $(ENGINES) lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=30
 
 bench: $(BASE)
 	$(BIN)/python bench/train_step.py

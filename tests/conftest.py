@@ -7,13 +7,28 @@ tests/train/test_builtin_vae.py.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+#: OpenMP threads that wait for each other sleep instead of spinning. By default torch's
+#: two threads on two cores busy-wait at every parallel region: alone on the machine that
+#: costs little, but next to any other busy process (a launcher's ranks, a second test run,
+#: CI's neighbours) each spinning thread steals the core the other one needs. Measured on the
+#: 2-core machine under load: a 32px VAE step 3.9 s spinning vs 0.15 s passive, and
+#: test_default_path[single] over its 300 s timeout vs 69 s. Thread counts stay as they
+#: were, so every result is the same bit for bit. Set before torch is imported (libgomp reads
+#: it when loaded), here and in every process the tests start, which inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+if TYPE_CHECKING:
+    from tests.backends.runs import Run
 
 TINY_VAE_FLAGS = [
     "--image_size", "16", "--num_layers", "2", "--num_tokens", "32", "--emb_dim", "16",
@@ -74,6 +89,46 @@ def tiny_dalle(tmp_path_factory: pytest.TempPathFactory, tiny_vae: Path) -> Path
                      "--fidelity_images", "4", "--dalle_output_file_name", str(out))
     assert result.returncode == 0, result.stderr
     return out
+
+
+@pytest.fixture(scope="session")
+def trained(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Run]:
+    """(backend name or "single", precision, *extra flags) -> its finished `train` run,
+    trained on first use: 2 ranks (1 for single), global batch 16, 5 steps, metrics every
+    step, a sample grid every 2 steps (sharded engines gather their weights mid-run for it).
+
+    Shared by the whole session: the equivalence and precision tests compare precision runs
+    bit for bit with the same backend's fp32 run, and the checkpoint command's tests read
+    the DeepSpeed fp32 runs' directories (tests/backends/runs.py says how each is launched).
+    Tests only read a run's folder.
+    """
+    import torch
+
+    from tests.backends.runs import BATCH, COMMON, RUNS, Run, batch_flag, metric_records
+
+    done: dict[tuple[str, ...], Run] = {}
+
+    def get(name: str, precision: str, *extra: str) -> Run:
+        key = (name, precision, *extra)
+        if key in done:
+            return done[key]
+        # (a flag's value may be a path: keep the folder name one path component)
+        label = re.sub(r"[^\w.,-]+", "_", f"{name}-{precision}{''.join(extra)}")[:120]
+        folder = tmp_path_factory.mktemp(label)
+        args = ["train", "--vae_path", str(tiny_vae), *COMMON, "--precision", precision,
+                "--sample_every_n_steps", "2", "--dalle_output_file_name", str(folder / "dalle"),
+                *extra]
+        if name == "single":
+            result = run_cli(*args, "--batch_size", str(BATCH), cwd=folder)
+        else:
+            launcher, flags = RUNS[name]
+            result = launcher(*args, *flags, *batch_flag(name, BATCH), cwd=folder)
+        text = result.stdout + result.stderr
+        assert result.returncode == 0, text[-4000:]
+        done[key] = Run(text, metric_records(folder / "dalle.metrics.jsonl"),
+                        torch.load(folder / "dalle.pt", weights_only=True), folder)
+        return done[key]
+    return get
 
 
 #: Each venv builds torch extensions into its own folder. torch's default,

@@ -2,7 +2,7 @@
 
 A precision flag that is silently dropped (autocast never entered, DeepSpeed's bf16
 section left disabled, the gradient scaler never stepping) still trains, so "it ran" is no
-evidence. Each run here (tests/backends/conftest.py: 2 ranks, 5 steps) must show:
+evidence. Each run here (the trained fixture, tests/conftest.py: 2 ranks, 5 steps) must show:
 - the dtype its matmuls really produced on the first step (the loop logs it from forward
   hooks on the linear layers);
 - results close to the same backend's fp32 run but not bit-identical to it (fp32 runs

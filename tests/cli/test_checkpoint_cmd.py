@@ -1,8 +1,10 @@
 """`dalle-dist checkpoint inspect | convert | verify | export`, as real processes.
 
 DeepSpeed directories come from real 2-rank CPU runs (the deepspeed launcher, ZeRO 1, 2
-and 3, one launch per stage, shared by the module). The run also writes its module
-weights as a single file (dalle.pt), which is what a converted directory must equal.
+and 3, one launch per stage): the session's fp32 runs that the backend equivalence tests
+compare (the `trained` fixture, tests/conftest.py), so a full run launches them once. The
+run also writes its module weights as a single file (dalle.pt), which is what a converted
+directory must equal.
 """
 
 from __future__ import annotations
@@ -21,10 +23,9 @@ from dalle_dist.checkpoint.export import load_exported
 from dalle_dist.checkpoint.load import dalle_parts, vae_from_checkpoint
 from dalle_dist.errors import CheckpointError
 from dalle_dist.model import DALLE
-from tests import launch
-from tests.conftest import TINY_DALLE_FLAGS, assert_user_error, run_cli
+from tests.backends.runs import STEPS, Run
+from tests.conftest import assert_user_error, run_cli
 
-STEPS = 4  # 64 shapes / batch 16
 INSPECT_KEYS = {
     "path", "format", "zero_stage", "tag", "tags", "kind", "step", "epoch", "batch",
     "backend", "world_size", "package_version", "format_version", "configs", "parameters",
@@ -48,26 +49,11 @@ def inspect_json(path: Path, env: dict[str, str] | None = None) -> dict:
     return json.loads(lines[0])
 
 
-@pytest.fixture(scope="module")
-def ds_run(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory
-           ) -> Callable[[int], Path]:
-    """stage -> the folder of a 2-rank DeepSpeed run at that ZeRO stage (launched once,
-    on first use): dalle.pt and dalle-ds-cp/ inside."""
-    runs: dict[int, Path] = {}
-
-    def get(stage: int) -> Path:
-        if stage not in runs:
-            folder = tmp_path_factory.mktemp(f"zero{stage}")
-            result = launch.deepspeed(
-                "train", "--vae_path", str(tiny_vae), *TINY_DALLE_FLAGS, "--epochs", "1",
-                "--batch_size", "16", "--shapes_count", "64", "--fidelity_images", "0",
-                "--deepspeed", "--zero_stage", str(stage),
-                "--dalle_output_file_name", str(folder / "dalle"), cwd=folder)
-            assert result.returncode == 0, launch.output(result)[-4000:]
-            runs[stage] = folder
-        return runs[stage]
-
-    return get
+@pytest.fixture
+def ds_run(trained: Callable[..., Run]) -> Callable[[int], Path]:
+    """stage -> the folder of a finished 2-rank DeepSpeed run at that ZeRO stage (the
+    session's fp32 run, launched on first use): dalle.pt and dalle-ds-cp/ inside."""
+    return lambda stage: trained(f"deepspeed-zero{stage}", "fp32").folder
 
 
 def tampered(source: Path, out: Path, change: Callable[[dict], None]) -> Path:
