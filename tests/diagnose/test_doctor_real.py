@@ -11,8 +11,9 @@ was written against its misses. `blind`: 50 logs from 49 further repositories, c
 apart while round 3 was written (the collector never ran doctor) and scored once after it
 (44/50 = 0.880); round 4 was written against its misses, so it is no longer blind either.
 `blind2`: 45 logs from 44 more repositories, collected apart while round 4 was written and
-scored once after it (30/45 = 0.667), the current honest measure. Every set that is present is scored against its threshold in THRESHOLDS; a set expected but not yet
-merged is listed in PENDING_SETS, so its absence is stated here, not skipped silently,
+scored once after it (30/45 = 0.667), the current honest measure. Every set that is
+present is scored against its threshold in THRESHOLDS; a set expected but not yet merged is
+listed in PENDING_SETS, so its absence is stated here, not skipped silently,
 and its arrival fails test_real_sets_are_the_expected_ones until it is taken off the list.
 """
 
