@@ -324,7 +324,8 @@ SIGNATURES: tuple[Signature, ...] = (
         (r"DeepSpeed cannot train fp16 on CPU",
          r"Type fp16 is not supported on your device",
          # Composer's "Precision.AMP_BF16 is not supported for CPU training", and alike
-         r"(?i)(?:fp16|bf16|amp|half)\w* is not supported (?:for|on) (?:the )?CPU\b"),
+         r"(?i)(?:fp16|bf16|amp|half)\w*(?: mixed)?(?: precision)? is not supported "
+         r"(?:for|on) (?:the )?CPU\b"),
         "fp16 (or GPU mixed precision) was asked for but the run is on CPU (no usable GPU)",
         "use --precision bf16 on CPU; if a GPU was expected, find out why torch sees none",
         "dalle-dist check --backend deepspeed --precision fp16"),
