@@ -605,7 +605,10 @@ SIGNATURES: tuple[Signature, ...] = (
         "apex-optional-missing", BENIGN,
         (r"(?i)\bapex (?:is not|isn't|was not|not) (?:installed|available|found)\b[^\n]*"
          r"\b(?:fall(?:ing)? ?back|defaulting to|trying to continue|continuing|using "
-         r"(?:torch|pytorch|native)|instead)\b",),
+         r"(?:torch|pytorch|native)|instead)\b",
+         r"(?i)\bcould not import (?:nvidia )?apex\b[^\n]*"
+         r"\b(?:fall(?:ing)? ?back|defaulting to|trying to continue|continuing|using "
+         r"(?:torch|pytorch|native)|instead)\b"),
         "a library found no NVIDIA Apex and uses its own or torch's kernels instead: "
         "slower at most, nothing fails",
         "nothing; install Apex only for those kernels",
