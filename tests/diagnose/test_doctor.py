@@ -34,6 +34,7 @@ REAL_OUTSIDE = Path(__file__).parent / "real" / "outside"
 REAL_HELDOUT = Path(__file__).parent / "real" / "heldout"
 # Read for signature round 4 after its blind score: it reaches signatures too.
 REAL_BLIND = Path(__file__).parent / "real" / "blind"
+REAL_BLIND2 = Path(__file__).parent / "real" / "blind2"
 JSON_KEYS = {"category", "cause", "fix", "check", "matches", "confidence", "alternatives"}
 HEAVY = ("torch", "deepspeed", "horovod", "apex", "triton")
 # Through the real command: a root cause among launcher noise, a benign-only log, an unknown.
@@ -218,10 +219,10 @@ def test_every_log_names_its_signature() -> None:
 def test_every_signature_decides_a_log() -> None:
     """A signature no log reaches is knowledge nothing checks (fails when a log is removed,
     or a signature is added, without a written, real dev or real outside log that it
-    decides, or a real heldout log since round 3 read it, or a real blind log since round 4
-    read it)."""
+    decides, or a real heldout log since round 3 read it, a real blind log since round 4
+    read it, or a real blind2 log since round 5 read it)."""
     reached = set(EXPECTED_SIGNATURE.values())
-    for real in (REAL_DEV, REAL_OUTSIDE, REAL_HELDOUT, REAL_BLIND):
+    for real in (REAL_DEV, REAL_OUTSIDE, REAL_HELDOUT, REAL_BLIND, REAL_BLIND2):
         reached |= {diagnose(case.text).signature for case in real_set(real)}
     assert set(SIGNATURE_IDS) - reached == set(UNREACHED)
 

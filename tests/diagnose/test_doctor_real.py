@@ -11,9 +11,10 @@ was written against its misses. `blind`: 50 logs from 49 further repositories, c
 apart while round 3 was written (the collector never ran doctor) and scored once after it
 (44/50 = 0.880); round 4 was written against its misses, so it is no longer blind either.
 `blind2`: 45 logs from 44 more repositories, collected apart while round 4 was written and
-scored once after it (30/45 = 0.667), the current honest measure. Every set that is
-present is scored against its threshold in THRESHOLDS; a set expected but not yet merged is
-listed in PENDING_SETS, so its absence is stated here, not skipped silently,
+scored once after it (30/45 = 0.667); round 5 was written against its misses, so it is no
+longer blind; the next fresh set (blind3) is the honest measure. Every set that is present
+is scored against its threshold in THRESHOLDS; a set expected but not yet
+merged is listed in PENDING_SETS, so its absence is stated here, not skipped silently,
 and its arrival fails test_real_sets_are_the_expected_ones until it is taken off the list.
 """
 
@@ -50,9 +51,17 @@ REAL = Path(__file__).parent / "real"
 #: scale halving as guided-diffusion's "decreased lg_loss_scale", allennlp's "could not
 #: import apex", a batch-divisibility assert without DeepSpeed's words, Triton missing as
 #: "Triton is not available"), long lines hard-wrapped in the paste (an NCCL watchdog
-#: timeout split mid-word), and logs cut before their error line. The floor until a round
-#: is written against it.
-THRESHOLDS = {"dev": 0.97, "outside": 0.97, "heldout": 0.95, "blind": 0.98, "blind2": 0.66}
+#: timeout split mid-word), and logs cut before their error line. Round 5 then wrote rules
+#: against those misses in general wordings (a loss scale decreased in words or as log2,
+#: ninja's FAILED object in a DeepSpeed build, Horovod's pip build erroring, Python 2 and
+#: allennlp wordings of Apex missing, a script's batch-divisibility assert, verl's equal
+#: chunk, mixed precision on CPU, NameError deepspeed, Triton and DDP grad-stride notices,
+#: a watchdog line wrapped after "collective"): 43/45 (0.956), no longer blind. Its two
+#: misses stay `unknown` on purpose, the evidence being outside the stored log: tacotron2's
+#: overflow lines stop at a scale of 262144 (warm-up range; the collapse to 1 is only in the
+#: thread's words), and groundingLMM's log ends at "Building extension module fused_adam"
+#: (the build error is only in the thread).
+THRESHOLDS = {"dev": 0.97, "outside": 0.97, "heldout": 0.95, "blind": 0.98, "blind2": 0.95}
 #: Sets expected but not merged yet (collected on another branch).
 PENDING_SETS: set[str] = set()
 PRESENT = real_sets(REAL)
@@ -630,3 +639,97 @@ def test_wordings_beyond_the_blind_logs(text: str, category: str) -> None:
     removed, loses its context (torch amp or ColossalAI read as Apex) or keys on one log's
     words."""
     assert diagnose(text).category == category
+
+
+# -- round 5: the wordings behind the blind2 misses, as other projects print them --------------
+
+@pytest.mark.parametrize(("text", "category"), [
+    # a loss scale halving, worded by other scalers (each line a step further down)
+    ("".join(f"step {i}: NaN grads, decreasing loss_scale to {2.0 ** (8 - i)}\n"
+             for i in range(12)), "fp16-overflow"),
+    ("".join(f"Found inf, reduced the dynamic loss scale to {2.0 ** (10 - i)}\n"
+             for i in range(14)), "fp16-overflow"),
+    # improved-diffusion style log2 scale running negative
+    ("".join(f"Found NaN, decreased lg_loss_scale to {19.0 - i}\n" for i in range(24)),
+     "fp16-overflow"),
+    # a DeepSpeed op's ninja build failing on an object file
+    ("Emitting ninja build file /root/.cache/torch_extensions/py311_cu121/cpu_adam/"
+     "build.ninja...\nFAILED: cpu_adam_impl.o \nc++ -MMD -MF cpu_adam_impl.o.d "
+     "-DTORCH_EXTENSION_NAME=cpu_adam -c csrc/adam/cpu_adam_impl.cpp", "deepspeed-op-build"),
+    ("    ds_engine = deepspeed.initialize(model=model)\n"
+     "NameError: name 'deepspeed' is not defined", "deepspeed-missing"),
+    ("ValueError: Precision.AMP_FP16 is not supported for CPU training.",
+     "cuda-unavailable-or-mismatch"),
+    ("RuntimeError: fp16 mixed precision is not supported on CPU", "cuda-unavailable-or-mismatch"),
+    ("  Running setup.py install for horovod ... error\n"
+     "ERROR: Command errored out with exit status 1: /usr/bin/python3 -u -c 'import sys'",
+     "horovod-not-built"),
+    ("  Building wheel for horovod (pyproject.toml) ... error\n  error: subprocess-exited-"
+     "with-error", "horovod-not-built"),
+    ("ImportError: No module named apex.parallel", "apex-missing-or-wrong"),
+    ("allennlp.common.checks.ConfigurationError: You specified an apex_opt_level, but we "
+     "could not import apex.", "apex-missing-or-wrong"),
+    ("WARNING: Could not import NVIDIA apex, fused kernels are required", "apex-missing-or-wrong"),
+    ("    assert cfg.batch_size % len(gpus) == 0\nAssertionError", "batch-size"),
+    ("    assert opt.batch_size % opt.world_size == 0, '--batch-size must be multiple of "
+     "CUDA device count'\nAssertionError", "batch-size"),
+    ("AssertionError: only support equal chunk. Got size of DataProto 6 and chunk 4.",
+     "batch-size"),
+    ("[Rank 3] Watchdog caught collective opera\ntion timeout: WorkNCCL(SeqNum=7, "
+     "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600042 milliseconds before tim\ning out.",
+     "nccl-comm"),
+], ids=["worded-decreasing", "worded-reduced-dynamic", "lg-loss-scale", "ds-ninja-failed",
+        "ds-nameerror", "composer-amp-fp16-cpu", "fp16-on-cpu", "horovod-setup-install",
+        "horovod-pyproject-wheel", "apex-py2-import", "allennlp-apex", "could-not-import-apex",
+        "batch-assert-gpus", "batch-assert-world-size", "verl-equal-chunk",
+        "watchdog-wrapped"])
+def test_wordings_beyond_the_blind2_logs(text: str, category: str) -> None:
+    """Round 5's rules, each in other words than the blind2 log that showed it missing: a
+    loss scale halving said in words ("decreasing loss_scale to", "reduced the dynamic
+    loss scale to") or as improved-diffusion's log2 scale running below 3; a DeepSpeed op's
+    ninja build failing on an object file (DeepSpeed's op named in the build); DeepSpeed
+    used after its import failed quietly; GPU mixed precision asked of a CPU run; a pip
+    build of Horovod erroring (setup.py install, a pyproject wheel); Apex missing as
+    Python 2 names the module and as allennlp and others say it; a script's own assert
+    that the batch splits over the GPUs; verl's unequal chunk; an NCCL watchdog timeout
+    hard-wrapped after "collective opera". Fails when a rule is removed or keys on one
+    log's words."""
+    assert diagnose(text).category == category
+
+
+@pytest.mark.parametrize("text", [
+    "".join(f"Found NaN, decreased lg_loss_scale to {20.0 - i}\n" for i in range(5)),
+    "".join(f"decreasing loss scale to {2.0 ** (16 - i)}\n" for i in range(5)),
+    "Building extension module fused_adam...\nAllowing ninja to set a default number of "
+    "workers... (overridable by setting the environment variable MAX_JOBS=N)",
+    "FAILED: upfirdn2d_kernel.cuda.o \n/usr/local/cuda/bin/nvcc -DTORCH_EXTENSION_NAME="
+    "upfirdn2d -c upfirdn2d_kernel.cu",
+    "Watchdog caught collective operation",
+], ids=["lg-warm-up", "worded-warm-up", "ds-build-cut-short", "ninja-failed-not-ds",
+        "watchdog-mid-line"])
+def test_round5_rules_do_not_overreach(text: str) -> None:
+    """What the round-5 rules must not claim: a log2 or worded loss scale that stops high
+    (warm-up), a DeepSpeed build cut off before any error (building is no failure), a
+    ninja FAILED object of another project's extension, a watchdog phrase that does not
+    end its line (no wrap). Fails when a rule drops its floor, its DeepSpeed context or its
+    end-of-line anchor."""
+    assert diagnose(text).category in (BENIGN, UNKNOWN)
+
+
+def test_library_notices_are_harmless() -> None:
+    """A library saying Triton is not available (it skips optional kernels) and DDP warning
+    that grad strides do not match its buckets ("This is not an error") are notices; a
+    failure beside them still decides. Fails when either notice has no benign rule (the
+    log would be unknown) or reads as a failure."""
+    triton = "UserWarning: Triton is not available, some optimizations will not be enabled."
+    strides = ("UserWarning: Grad strides do not match bucket view strides. This may "
+               "indicate grad was not created according to the gradient layout contract")
+    for notice in (triton, strides):
+        assert diagnose(notice).category == BENIGN
+        assert diagnose(notice + "\ntorch.OutOfMemoryError: CUDA out of memory.").category \
+            == "cuda-oom"
+    assert diagnose("INFO: triton is not installed; falling back to the eager kernels")\
+        .category == BENIGN
+    # "could not import apex" is Apex missing (round 5) unless the line says it carries on
+    assert diagnose("Warning: could not import apex, falling back to torch LayerNorm")\
+        .category == BENIGN

@@ -190,7 +190,11 @@ SIGNATURES: tuple[Signature, ...] = (
          r"[Ff]ound overflow[^\n]*(?:[Ll]oss scale|scale) (?:to|:) " + _SCALE,
          # fairseq (and its AMP optimizer); ColossalAI's dynamic grad scaler
          r"(?i)overflow detected, setting (?:loss )?scale to:? " + _SCALE,
-         r"(?i)overflow occurs?, the loss scale is adjusted to " + _SCALE),
+         r"(?i)overflow occurs?, the loss scale is adjusted to " + _SCALE,
+         # any scaler that says so in words: "decreased loss scale to 4", "reducing the
+         # dynamic loss_scale to 0.5"
+         r"(?i)\b(?:decreas|reduc|lower)(?:ed|ing) (?:the )?(?:dynamic )?loss[_ ]scale "
+         r"(?:to|:) " + _SCALE),
         "the fp16 loss scale was halved overflow after overflow down to {scale}: "
         "gradients overflow at every scale, fp16 training has diverged (not the harmless "
         "warm-up overflows, which stop in the thousands)",
@@ -198,6 +202,18 @@ SIGNATURES: tuple[Signature, ...] = (
         "keep --clip_grad_norm, add warmup, and resume from a checkpoint before the collapse",
         "grep -c -i 'overflow' LOGFILE",
         scale_at_most=SCALE_FLOOR),
+    # guided-diffusion / improved-diffusion (and their forks) keep log2 of the scale: it
+    # drops by 1 at each NaN; at 3 or below (a scale of 8 or less) every step overflows.
+    Signature(
+        "lg-loss-scale-collapse", "fp16-overflow",
+        (r"(?i)\b(?:decreas|reduc|lower)(?:ed|ing) (?:the )?lg_loss_scale (?:to|:) "
+         r"(?P<scale>-?\d+(?:\.\d+)?)",),
+        "the fp16 loss scale (logged as its log2, lg_loss_scale) fell to 2**{scale}: every "
+        "step finds NaN gradients and halves it again, fp16 training has diverged",
+        "train in fp32 or bf16, or lower the learning rate; resume from a checkpoint before "
+        "the collapse",
+        "grep -c 'lg_loss_scale' LOGFILE",
+        scale_at_most=3.0),
     Signature(
         "loss-scale-column-collapse", "fp16-overflow",
         (r"(?i)(?<![\w.-])loss[_ ]scale['\"]?[ \t]*[:=|]?[ \t]*(?!0*\.?0*(?![\d.eE]))"
@@ -306,8 +322,11 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "fp16-without-gpu", "cuda-unavailable-or-mismatch",
         (r"DeepSpeed cannot train fp16 on CPU",
-         r"Type fp16 is not supported on your device"),
-        "fp16 was asked for but the run is on CPU (no usable GPU), where DeepSpeed has no fp16",
+         r"Type fp16 is not supported on your device",
+         # Composer's "Precision.AMP_BF16 is not supported for CPU training", and alike
+         r"(?i)(?:fp16|bf16|amp|half)\w*(?: mixed)?(?: precision)? is not supported "
+         r"(?:for|on) (?:the )?CPU\b"),
+        "fp16 (or GPU mixed precision) was asked for but the run is on CPU (no usable GPU)",
         "use --precision bf16 on CPU; if a GPU was expected, find out why torch sees none",
         "dalle-dist check --backend deepspeed --precision fp16"),
     Signature(
@@ -333,6 +352,16 @@ SIGNATURES: tuple[Signature, ...] = (
         'python -c "import triton; print(triton.__version__)"',
         benign=True,
         requires=(r"A matching Triton is not available",)),
+    Signature(
+        "triton-optional-notice", BENIGN,
+        (r"(?i)\btriton is not (?:available|installed)\b[^\n]*\b(?:some optimi[sz]ations|"
+         r"will not be (?:enabled|used)|fall(?:ing)? ?back|disabled)",
+         r"(?i)just a warning:? triton is not (?:available|installed)"),
+        "a library found no Triton and runs without its Triton kernels: slower at most, "
+        "nothing fails",
+        "nothing; install the Triton matching torch only for those optimisations",
+        'python -c "import triton; print(triton.__version__)"',
+        benign=True),
     Signature(
         "triton-unusable", "sparse-attn-triton",
         (r"Cannot find a working triton installation",
@@ -438,6 +467,7 @@ SIGNATURES: tuple[Signature, ...] = (
          r"'DeepSpeedCPUAdam' object has no attribute 'ds_opt_adam'",
          r"ninja: build stopped: subcommand failed",
          r"nvcc fatal\s*:\s*Unsupported gpu architecture '?compute_\d+",
+         r"^FAILED: [^\n]*\.o\s*$",   # ninja: an object file failed to compile
          r"Command '\['ninja', '-v'\]' returned non-zero exit status",
          r"Error compiling objects for extension",
          r"\bin _run_ninja_build\b",
@@ -455,6 +485,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "deepspeed-not-installed", "deepspeed-missing",
         (r"No module named '?deepspeed'?(?![.\w])",
          r"No module named '?deepspeed\.[\w.]+'?",
+         r"NameError: name '?deepspeed'? is not defined",   # its import was in try/except
          r"(?:deepspeed|ds_report): (?:command )?not found",
          r"command not found: (?:deepspeed|ds_report)",
          r"'deepspeed' is not recognized as an internal or external command",
@@ -529,6 +560,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "horovod-build-failed", "horovod-not-built",
         (r"Failed (?:building wheel for|to build) horovod",
+         r"(?:Running setup\.py install|Building wheel) for horovod\b[^\n]*\.\.\. error",
          r"C\+\+17 or later compatible compiler is required",
          r"-- Configuring incomplete, errors occurred!",
          r"CMake Error",
@@ -573,7 +605,10 @@ SIGNATURES: tuple[Signature, ...] = (
         "apex-optional-missing", BENIGN,
         (r"(?i)\bapex (?:is not|isn't|was not|not) (?:installed|available|found)\b[^\n]*"
          r"\b(?:fall(?:ing)? ?back|defaulting to|trying to continue|continuing|using "
-         r"(?:torch|pytorch|native)|instead)\b",),
+         r"(?:torch|pytorch|native)|instead)\b",
+         r"(?i)\bcould not import (?:nvidia )?apex\b[^\n]*"
+         r"\b(?:fall(?:ing)? ?back|defaulting to|trying to continue|continuing|using "
+         r"(?:torch|pytorch|native)|instead)\b"),
         "a library found no NVIDIA Apex and uses its own or torch's kernels instead: "
         "slower at most, nothing fails",
         "nothing; install Apex only for those kernels",
@@ -700,6 +735,8 @@ SIGNATURES: tuple[Signature, ...] = (
         "apex-not-installed", "apex-missing-or-wrong",
         (r"No module named '?apex'?(?![.\w])",
          r"NameError: name '?apex'? is not defined",   # its import was in try/except
+         r"No module named apex\.\w",   # Python 2 names the whole dotted path, unquoted
+         r"(?i)\bcould not import (?:nvidia )?apex\b",   # allennlp
          r"(?i)please install apex from https?://(?:www\.)?github\.com/nvidia/apex",
          # timm, transformers' old Trainer, NeMo: "... but APEX is not installed",
          # "Apex was not found. Please see ..." (apex-optional-missing claims notices)
@@ -776,7 +813,12 @@ SIGNATURES: tuple[Signature, ...] = (
          r"(?i)\bis not (?:a multiple of|divisible by)\b[^\n]*"
          r"\b(?:micro[ _-]?batch|batch[ _]?size)",
          r"(?i)\bmust be (?:a multiple of|divisible by)\b[^\n]*"
-         r"\b(?:micro[ _-]?batch|batch[ _]?size)"),
+         r"\b(?:micro[ _-]?batch|batch[ _]?size)",
+         # a script's own check: assert args.batch_size % len(devices) == 0
+         r"(?i)\bassert\b[^\n]*batch[_ ]?size\w*\s*%[^\n]*\b(?:devices|gpus?|n_?gpus?|"
+         r"num_gpus|world_size|ranks|nprocs)\b[^\n]*==\s*0",
+         # verl's DataProto split over workers
+         r"only support equal chunk\. Got size of DataProto"),
         "the batch size does not split over ranks and gradient accumulation steps "
         "(global batch = micro batch x --ga_steps x ranks)",
         "pick a --batch_size that is a multiple of --ga_steps x ranks (the error line names "
@@ -934,9 +976,22 @@ SIGNATURES: tuple[Signature, ...] = (
         "torchrun --nproc_per_node 2 --no-python python -c \"import torch, torch.distributed "
         "as d; d.init_process_group('gloo'); t = torch.ones(1); d.all_reduce(t); "
         "print(t.item())\""),
+    # DDP's reducer warns when a parameter's grad layout differs from its bucket (channels-
+    # last convolutions): "This is not an error, but may impair performance".
+    Signature(
+        "ddp-grad-strides-mismatch", BENIGN,
+        (r"Grad strides do not match bucket view strides",),
+        "DDP copies gradients whose memory layout (strides) differs from its buckets: "
+        "slower at most, training is correct",
+        "nothing; make the parameters contiguous (or the model channels_last before DDP) "
+        "only for speed",
+        "grep -n 'Grad strides' LOGFILE",
+        benign=True),
     Signature(
         "collective-timeout", "nccl-comm",
         (r"Watchdog caught collective operation timeout",
+         # the same line hard-wrapped in a paste ("collective opera" / "tion timeout")
+         r"Watchdog caught collective\s*(?:o|op|ope|oper|opera|operat|operati|operatio)?$",
          r"NCCL communicator was aborted",
          r"ncclRemoteError",
          r"remote process exiting prematurely",
