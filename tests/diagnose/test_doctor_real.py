@@ -149,7 +149,8 @@ def test_dev_set_counts_and_repositories() -> None:
 #: categories. `outside` was the first held-out set, `heldout` the second, `blind` the third.
 HELD_OUT_SETS = {"outside": (("dev",), 60, 8), "heldout": (("dev", "outside"), 45, 6),
                  "blind": (("dev", "outside", "heldout"), 45, 6),
-                 "blind2": (("dev", "outside", "heldout", "blind"), 45, 6)}
+                 "blind2": (("dev", "outside", "heldout", "blind"), 45, 6),
+                 "blind3": (("dev", "outside", "heldout", "blind", "blind2"), 40, 6)}
 
 
 @pytest.mark.parametrize("name", sorted(HELD_OUT_SETS))
