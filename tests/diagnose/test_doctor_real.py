@@ -12,7 +12,8 @@ apart while round 3 was written (the collector never ran doctor) and scored once
 (44/50 = 0.880); round 4 was written against its misses, so it is no longer blind either.
 `blind2`: 45 logs from 44 more repositories, collected apart while round 4 was written and
 scored once after it (30/45 = 0.667); round 5 was written against its misses, so it is no
-longer blind; the next fresh set (blind3) is the honest measure. Every set that is present
+longer blind. `blind3`: 40 logs from 39 more repositories, scored once after round 5
+(36/40 = 0.900), the current honest measure. Every set that is present
 is scored against its threshold in THRESHOLDS; a set expected but not yet
 merged is listed in PENDING_SETS, so its absence is stated here, not skipped silently,
 and its arrival fails test_real_sets_are_the_expected_ones until it is taken off the list.
@@ -61,7 +62,14 @@ REAL = Path(__file__).parent / "real"
 #: overflow lines stop at a scale of 262144 (warm-up range; the collapse to 1 is only in the
 #: thread's words), and groundingLMM's log ends at "Building extension module fused_adam"
 #: (the build error is only in the thread).
-THRESHOLDS = {"dev": 0.97, "outside": 0.97, "heldout": 0.95, "blind": 0.98, "blind2": 0.95}
+#: blind3: 40 logs from 39 more repositories, collected while round 5 was written and
+#: scored blind once after it: 36/40 (0.900), issue 15's goal. Two misses are wrong
+#: categories (a Chinese-language DeepSpeed fall-back notice read as deepspeed-missing; a
+#: failing `python -m deepspeed` on Windows, labelled launcher-args, read as
+#: deepspeed-missing), two are abstentions (mmagic's batch-size title; the second copy of
+#: the Chinese notice). The floor until a round is written against it.
+THRESHOLDS = {"dev": 0.97, "outside": 0.97, "heldout": 0.95, "blind": 0.98, "blind2": 0.95,
+              "blind3": 0.90}
 #: Sets expected but not merged yet (collected on another branch).
 PENDING_SETS: set[str] = set()
 PRESENT = real_sets(REAL)
