@@ -234,6 +234,10 @@ def test_compiled_sampling_equals_eager() -> None:
     cache; a rotation table or a shift slot indexed by a Python int."""
     from torch._dynamo.utils import counters
 
+    # Dynamo keeps the graphs it compiled for StaticDecoder.step (test_guidance's decoder
+    # has these shapes) and would reuse one here: cleared, this decoder must compile its
+    # own, exactly once (Inductor's cache still makes that quick).
+    torch._dynamo.reset()
     model = compile_test_model()
     eager, compiled = StaticDecoder(model, 4), StaticDecoder(model, 4, compiled=True)
     graphs_before = counters["stats"]["unique_graphs"]
