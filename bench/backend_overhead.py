@@ -11,8 +11,10 @@ point (a metrics line) one all-reduce of the metrics and the stop flag, one devi
 copy and a JSON line. Ours runs twice: at the default --log_every_n_steps (10), what a user
 gets, and logging every step, the worst case (a sync point per step). Each of our steps is
 timed from the end of the one before (RunLog.progress, called once at the end of a step)
-to its own end; the hand-written loop times each iteration with perf_counter from fetching
-its batch. Checkpoints before and after training are outside the measured steps.
+to its own end; the hand-written loop times each iteration from fetching its batch. Both
+report wall time (`ratio`) and the rank's CPU time (`cpu_ratio`: what the loop itself
+spends, less moved by a neighbour's load). Checkpoints before and after training are
+outside the measured steps.
 
 The three loops take turns (--rounds): measured one after the other, a drift of the
 machine's speed between the runs read as overhead (a 1.10 that was 1.01 step for step).
@@ -87,22 +89,22 @@ def rank_main(engine: str, args: argparse.Namespace) -> None:
 
         def __init__(self, metrics: Path, enabled: bool) -> None:
             super().__init__(metrics, enabled)
-            self.ends: list[float] = []
+            self.ends: list[tuple[float, float]] = []
 
         def start_progress(self, total: int, initial: int, desc: str) -> None:
             super().start_progress(total, initial, desc)
-            self.ends.append(time.perf_counter())  # the first step starts here
+            self.ends.append(clocks())  # the first step starts here
 
         def progress(self, **postfix: float) -> None:
             super().progress(**postfix)
-            self.ends.append(time.perf_counter())
+            self.ends.append(clocks())
 
     def new_task() -> DALLETask:
         torch.manual_seed(0)
         return DALLETask(cfg, vae, tokenizer, train_cfg(10), DataConfig().to_dict(), False, device,
                          precision=backend.precision())
 
-    def hand_written() -> list[float]:
+    def hand_written() -> list[tuple[float, float]]:
         """The engine's own API, nothing else; each step timed from fetching its batch."""
         task = new_task()
         if engine == "torch-ddp":
@@ -117,7 +119,7 @@ def rank_main(engine: str, args: argparse.Namespace) -> None:
         times = []
         batches = loader.epoch(0)
         for _ in range(len(loader)):
-            start = time.perf_counter()
+            start = clocks()
             images, text, _ = next(batches)
             tokens = vae.get_codebook_indices(images.to(device))
             loss = model(text.to(device), tokens)["loss"]
@@ -129,10 +131,11 @@ def rank_main(engine: str, args: argparse.Namespace) -> None:
             else:
                 model.backward(loss)
                 model.step()
-            times.append(time.perf_counter() - start)
+            end = clocks()
+            times.append((end[0] - start[0], end[1] - start[1]))
         return times
 
-    def ours(log_every: int) -> list[float]:
+    def ours(log_every: int) -> list[tuple[float, float]]:
         """The real loop, from the real backend; each step's time, end to end."""
         task = new_task()
         engine = backend.distribute(task.model, task.make_optimizer, task.make_scheduler,
@@ -141,19 +144,24 @@ def rank_main(engine: str, args: argparse.Namespace) -> None:
             paths = RunPaths(Path(tmp) / "bench.pt")
             clock = StepClock(paths.metrics, backend.is_root)
             train(task, engine, backend, loader, train_cfg(log_every), paths, clock)
-        return [end - start for start, end in itertools.pairwise(clock.ends)]
+        return [(end[0] - start[0], end[1] - start[1])
+                for start, end in itertools.pairwise(clock.ends)]
 
-    # The loops take turns, --rounds times: hand-written, ours at the default cadence, ours
-    # logging every step. A machine that speeds up or slows down during the run (this VM
-    # varies by 30%) then weighs on all three alike; each loop's steps after its warm-up
-    # are pooled over the rounds.
-    runs: dict[str, list[float]] = {"hand": [], "default": [], "every_step": []}
-    for _ in range(args.rounds):
-        runs["hand"] += hand_written()[args.warmup:]
-        runs["default"] += ours(10)[args.warmup:]
-        runs["every_step"] += ours(1)[args.warmup:]
+    # The loops take turns, --rounds times, each round starting one place further along
+    # (hand-written, ours at the default cadence, ours logging every step): a machine that
+    # speeds up or slows down during the run (this VM varies by 30%) then weighs on all
+    # three alike, and no loop always runs right after the same other one (a fixed order
+    # read 1.13 where a rotated one read 0.94-1.04 in one session). Each loop's steps after
+    # its warm-up are pooled over the rounds.
+    loops = {"hand": hand_written, "default": lambda: ours(10), "every_step": lambda: ours(1)}
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in loops}
+    order = list(loops)
+    for round_ in range(args.rounds):
+        for name in order[round_ % 3:] + order[:round_ % 3]:
+            runs[name] += loops[name]()[args.warmup:]
     if backend.is_root:
-        wall = {k: statistics.median(v) for k, v in runs.items()}
+        wall = {k: statistics.median(t[0] for t in v) for k, v in runs.items()}
+        cpu = {k: statistics.median(t[1] for t in v) for k, v in runs.items()}
         print(json.dumps({"engine": engine, "steps": args.steps, "rounds": args.rounds,
                           "global_batch": args.batch,
                           "hand_median_step_s": round(wall["hand"], 4),
@@ -161,11 +169,20 @@ def rank_main(engine: str, args: argparse.Namespace) -> None:
                           "ratio": round(wall["default"] / wall["hand"], 3),
                           "ours_every_step_log_median_step_s": round(wall["every_step"], 4),
                           "ratio_every_step_log": round(wall["every_step"] / wall["hand"],
-                                                        3)}),
+                                                        3),
+                          "cpu_ratio": round(cpu["default"] / cpu["hand"], 3),
+                          "cpu_ratio_every_step_log": round(cpu["every_step"] / cpu["hand"],
+                                                            3)}),
               flush=True)
     backend.shutdown()
     sys.stdout.flush()
     os._exit(0)
+
+
+def clocks() -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds): CPU time is what the loop itself spends,
+    less moved by a busy neighbour than wall time (waits for the other rank are not in it)."""
+    return time.perf_counter(), time.process_time()
 
 
 def main() -> None:
@@ -175,8 +192,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="global batch (default 8)")
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="times the three loops take turns (default 2)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="times the three loops take turns (default 3: each loop "
+                             "once in each place of the order)")
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--image_size", type=int, default=64)
