@@ -21,6 +21,11 @@ Outcome = tuple[str, str, dict[str, Any]]
 BF16_ERROR_FACTOR, BF16_SLACK = 2.0, 2.0**-7
 #: fp32 paths against the fp32 dense reference (TF32 off), relative to the output's scale.
 FP32_TOLERANCE = 1e-4
+#: A cast model's cached decode logits against its uncached forward: this many roundings
+#: of the dtype at the logits' range (tests/model/test_half_sampling.py measured 0.3x-0.35x
+#: of it on CPU; a cache missing one position gives 6x-48x), over the first tokens only (each
+#: uncached step re-runs the whole sequence).
+HALF_ROUNDINGS, HALF_CHECKED_TOKENS = 4, 64
 
 
 @contextlib.contextmanager
@@ -283,6 +288,47 @@ def sampling_static_cache_check(device: torch.device, repeats: int) -> Outcome:
     if mismatches:
         return "FAIL", f"cached sampling differs from uncached in {mismatches} tokens", details
     return "PASS", summary + "; cached == uncached", details
+
+
+def sampling_half_precision_check(device: torch.device, repeats: int) -> Outcome:
+    """`generate --precision`: the DALL-E cast to bf16 / fp16 (bf16 only on a GPU that has
+    it; fp16 alone on the CPU, where bf16 is emulated) decodes through a cache of that
+    dtype whose logits equal the uncached forward of the cast model within
+    HALF_ROUNDINGS of its rounding (teacher-forced, first HALF_CHECKED_TOKENS tokens), and
+    its batch-1 s/image against the fp32 model's."""
+    import copy
+
+    from dalle_dist.model.decoding import teacher_forced_logits
+
+    model, vae, text = sampling_model(device)
+    dtypes = [torch.float16]
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        dtypes.insert(0, torch.bfloat16)
+    s_fp32 = _seconds_per_image(
+        lambda g: model.generate_images(text[:1], vae, 0.9, 1.0, g), device, repeats)
+    details: dict[str, Any] = {"seconds_per_image_fp32": round(s_fp32, 4)}
+    failures, parts = [], []
+    for dtype in dtypes:
+        name = str(dtype).removeprefix("torch.")
+        cast = copy.deepcopy(model).to(dtype)
+        tokens = cast.sample_image_tokens(text, 0.9, 1.0, torch.Generator(device).manual_seed(3))
+        cached, uncached = teacher_forced_logits(cast, text, tokens[:, :HALF_CHECKED_TOKENS])
+        scale = float(uncached.abs().max().clamp_min(1e-12))
+        error = float((cached - uncached).abs().max()) / scale
+        bound = HALF_ROUNDINGS * torch.finfo(dtype).eps
+        seconds = _seconds_per_image(
+            lambda g, cast=cast: cast.generate_images(text[:1], vae, 0.9, 1.0, g), device,
+            repeats)
+        details[name] = {"seconds_per_image": round(seconds, 4),
+                         "speedup_vs_fp32": round(s_fp32 / seconds, 2),
+                         "cached_vs_uncached_rel_err": round(error, 5), "bound": bound}
+        parts.append(f"{name} {seconds:.3f} s/image ({s_fp32 / seconds:.2f}x fp32)")
+        if not error <= bound:
+            failures.append(f"{name} cached logits off the uncached by {error:.4f} of their "
+                            f"range (bound {bound:.4f})")
+    if failures:
+        return "FAIL", "; ".join(failures), details
+    return "PASS", ", ".join(parts) + "; cached == uncached within rounding", details
 
 
 def sampling_cuda_graphs_check(device: torch.device, repeats: int) -> Outcome:

@@ -14,8 +14,10 @@ Two paths are timed:
   cached      the same loop with the cache handed to forward, i.e. its KV-cache code path
               (what the cache was written for; issue 13 compares against this one).
 Same model as ours: dim 256, depth 4, 4 heads x 64, text 32 of 1000 tokens, VAE 64 px with
-2 layers and 512 tokens (16 x 16 = 256 image tokens), full attention, its defaults otherwise
-(rotary embeddings, shifted tokens). Untrained weights; VAE decoding included.
+2 layers and 512 tokens (16 x 16 = 256 image tokens), full attention, learned positions and no
+token shift (its train_dalle.py's defaults and our DALLEConfig's; --rotary_shift turns on
+rotary embeddings and shifted tokens, its DALLE class's defaults, for the same flag of
+bench/generate.py). Untrained weights; VAE decoding included.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ def stub_unused_imports() -> None:
             sys.modules[name] = module
 
 
-def seconds(model: torch.nn.Module, text: torch.Tensor, repeats: int, cached: bool) -> float:
+def use_cache_path(model: torch.nn.Module, cached: bool) -> None:
+    """cached: hand 1.6.6's forward the cache its sampling loop builds (at cond_scale 1
+    its forward_with_cond_scale drops it); else restore what it ships."""
     if cached:
         def with_cache(*args: object, cond_scale: float = 1.0, cache: dict | None = None,
                        **kwargs: object) -> torch.Tensor:
@@ -54,6 +58,22 @@ def seconds(model: torch.nn.Module, text: torch.Tensor, repeats: int, cached: bo
         model.forward_with_cond_scale = with_cache
     else:
         model.__dict__.pop("forward_with_cond_scale", None)
+
+
+def reference_model(rotary_shift: bool) -> torch.nn.Module:
+    """1.6.6's DALLE (with its VAE) on bench/generate.py's config, seeded, in eval mode."""
+    stub_unused_imports()
+    from dalle_pytorch import DALLE, DiscreteVAE
+
+    torch.manual_seed(0)
+    vae = DiscreteVAE(image_size=64, num_layers=2, num_tokens=512).eval()
+    return DALLE(dim=256, vae=vae, num_text_tokens=1000, text_seq_len=32, depth=4, heads=4,
+                 dim_head=64, attn_types=("full",), rotary_emb=rotary_shift,
+                 shift_tokens=rotary_shift).eval()
+
+
+def seconds(model: torch.nn.Module, text: torch.Tensor, repeats: int, cached: bool) -> float:
+    use_cache_path(model, cached)
     with torch.no_grad():
         model.generate_images(text, filter_thres=0.9, use_cache=True)  # warm-up
         times = []
@@ -70,18 +90,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip_as_shipped", action="store_true",
                         help="time only the cached path (as_shipped takes minutes)")
+    parser.add_argument("--rotary_shift", action="store_true",
+                        help="1.6.6's class defaults, rotary embeddings and shifted tokens "
+                             "(default: off, as its train_dalle.py and bench/generate.py)")
     parser.add_argument("--batches", default="1,16",
                         help="comma-separated batch sizes (16 takes minutes on 2 busy cores)")
     args = parser.parse_args()
     set_threads(args.threads)
-    stub_unused_imports()
+    model = reference_model(args.rotary_shift)
     import dalle_pytorch
-    from dalle_pytorch import DALLE, DiscreteVAE
-
-    torch.manual_seed(0)
-    vae = DiscreteVAE(image_size=64, num_layers=2, num_tokens=512).eval()
-    model = DALLE(dim=256, vae=vae, num_text_tokens=1000, text_seq_len=32, depth=4, heads=4,
-                  dim_head=64, attn_types=("full",)).eval()
     results = {}
     for batch in (int(b) for b in args.batches.split(",")):
         text = torch.randint(1, 1000, (batch, 32))
@@ -94,7 +111,8 @@ def main() -> None:
                    else f"{path}_images_per_s_batch_16")
             results[key] = round(s, 3) if batch == 1 else round(batch / s, 2)
     emit({"bench": "generate_reference", "dalle_pytorch": dalle_pytorch.__version__,
-          "threads": args.threads, "image_tokens": 256, "pattern": "full", **results})
+          "threads": args.threads, "image_tokens": 256, "pattern": "full",
+          "rotary_shift": args.rotary_shift, **results})
 
 
 if __name__ == "__main__":

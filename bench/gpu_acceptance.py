@@ -23,6 +23,9 @@ JSON (--out), and exits 1 when any check FAILs. Checks, in the order they run:
                     FlexAttention forward + backward on CUDA, forward only on the CPU
   flex recompiles   (CUDA) torch.compile builds at most one flex kernel per (pattern, shape)
   sampling static cache   cached == uncached sampling, token for token; s/image at batch 1
+  sampling half precision generate --precision: the DALL-E cast to bf16 (CUDA) and fp16
+                          decodes through its cache within rounding of the uncached
+                          forward; s/image against fp32
   sampling cuda graphs    (CUDA) the compiled decode step: same tokens, s/image, speedup
   time budget       (CUDA) the whole run took at most BUDGET_S seconds
 
@@ -518,6 +521,8 @@ def main() -> int:
     if "sampling" in sections:
         guarded(report, "sampling static cache", False,
                 lambda: checks.sampling_static_cache_check(device, repeats))
+        guarded(report, "sampling half precision", False,
+                lambda: checks.sampling_half_precision_check(device, repeats))
         guarded(report, "sampling cuda graphs", True,
                 lambda: checks.sampling_cuda_graphs_check(device, repeats))
     total = time.perf_counter() - report.started

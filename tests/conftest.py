@@ -92,6 +92,28 @@ def tiny_dalle(tmp_path_factory: pytest.TempPathFactory, tiny_vae: Path) -> Path
 
 
 @pytest.fixture(scope="session")
+def sharp_dalle(tiny_dalle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_dalle's checkpoint (its VAE, tokenizer and configs) with the DALL-E's linear and
+    embedding weights re-drawn at std 1: a barely trained model's image logits move by
+    hundredths when its input changes, so sampling tests that must see a difference (another
+    caption, another precision) use this one, whose logits move by units."""
+    import torch
+    from torch import nn
+
+    from dalle_dist.generate import load_sampler
+
+    payload = torch.load(tiny_dalle, weights_only=True)
+    sampler = load_sampler(tiny_dalle, torch.device("cpu"))
+    torch.manual_seed(0)
+    for module in sampler.model.modules():
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, std=1.0)
+    path = tmp_path_factory.mktemp("sharp") / "dalle.pt"
+    torch.save({**payload, "weights": sampler.model.state_dict()}, path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def trained(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Run]:
     """(backend name or "single", precision, *extra flags) -> its finished `train` run,
     trained on first use: 2 ranks (1 for single), global batch 16, 5 steps, metrics every

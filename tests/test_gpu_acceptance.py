@@ -51,7 +51,7 @@ def test_quick_cpu_run_passes_every_cpu_check(quick_cpu_run: tuple[dict, str]) -
             assert check["status"] == "PASS" or check["status"] in CPU_SKIPS, check
     must_pass = {f"train {gpu_acceptance.run_label(b, s)} {p}"
                  for b, s, p in gpu_acceptance.QUICK_RUNS}
-    must_pass |= {"resume fp32", "sampling static cache"}
+    must_pass |= {"resume fp32", "sampling static cache", "sampling half precision"}
     must_pass |= {f"attention {pattern} {dtype}" for dtype in ("fp32", "bf16")
                   for pattern in ("full", "axial_row", "axial_col", "conv_like", "sparse")}
     assert {n for n, c in checks.items() if c["status"] == "PASS"} == must_pass
@@ -76,6 +76,9 @@ def test_training_checks_report_real_numbers(quick_cpu_run: tuple[dict, str]) ->
     assert fp32["matmul_dtypes"] == ["float32"]
     assert "bfloat16" in checks["train deepspeed-zero2 bf16"]["details"]["matmul_dtypes"]
     assert checks["resume fp32"]["details"]["max_abs_diff"] == 0.0
+    half = checks["sampling half precision"]["details"]
+    assert 0 <= half["float16"]["cached_vs_uncached_rel_err"] <= half["float16"]["bound"]
+    assert half["float16"]["seconds_per_image"] > 0 and half["seconds_per_image_fp32"] > 0
 
 
 def test_plan_has_a_row_for_every_training_check() -> None:

@@ -95,3 +95,43 @@ def test_compile_gives_the_same_images(runs: dict[str, Run], tiny_dalle: Path,
     eager = runs["seed7"].outputs / FOLDERS[0]
     for name in ("0.png", "1.png"):
         assert (outputs / FOLDERS[0] / name).read_bytes() == (eager / name).read_bytes(), name
+
+
+def test_precision_samples_from_the_cast_model(sharp_dalle: Path, tmp_path: Path) -> None:
+    """--precision fp16 casts the DALL-E before sampling, and only the DALL-E: its images
+    equal those of the checkpoint's model cast with .half() (VAE left in fp32) and sampled
+    through a StaticDecoder with the same seed, and differ from the fp32 run's (sharp_dalle's
+    std-1 weights move the logits enough for fp16 rounding to change tokens). Bugs: the
+    flag parsed but never applied (the fp32 images), the cast applied after the decoder
+    built its fp32 cache, the VAE cast too (other pixels)."""
+    import numpy as np
+    import torch
+
+    from dalle_dist.data.images import tensor_to_pil
+    from dalle_dist.data.tokenizer import tokenize
+    from dalle_dist.generate import load_sampler
+    from dalle_dist.model.decoding import StaticDecoder
+
+    prompt = PROMPTS.split("|")[0]
+    pixels = {}
+    for precision in ("fp32", "fp16"):
+        outputs = tmp_path / precision
+        result = run_cli("generate", "--dalle_path", str(sharp_dalle), "--text", prompt,
+                         "--num_images", "2", "--batch_size", "2", "--seed", "7",
+                         "--precision", precision, "--outputs_dir", str(outputs),
+                         "--device", "cpu", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        pixels[precision] = [np.asarray(Image.open(outputs / FOLDERS[0] / f"{i}.png"))
+                             for i in range(2)]
+
+    sampler = load_sampler(sharp_dalle, torch.device("cpu"))
+    model = sampler.model.half()
+    text = tokenize(sampler.tokenizer, [prompt], model.config.text_seq_len).expand(2, -1)
+    images = model.generate_images(text, sampler.vae, 0.9, 1.0,
+                                   torch.Generator().manual_seed(7),
+                                   decoder=StaticDecoder(model, 2))
+    expected = [np.asarray(tensor_to_pil(image)) for image in images]
+    for got, want in zip(pixels["fp16"], expected, strict=True):
+        assert np.array_equal(got, want)
+    assert any(not np.array_equal(a, b) for a, b in zip(pixels["fp16"], pixels["fp32"],
+                                                          strict=True))

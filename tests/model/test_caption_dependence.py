@@ -1,7 +1,8 @@
 """Generated images depend on the caption: the same seed with two captions gives two
 different sets of image tokens, and the same seed with the same caption gives the same.
 
-The model is tiny_dalle's checkpoint with its transformer re-drawn at weight std 1. A barely
+The model is sharp_dalle (tests/conftest.py): tiny_dalle's checkpoint with its transformer
+re-drawn at weight std 1. A barely
 trained or freshly initialised DALL-E (std 0.02) moves its image logits by about 0.01 when
 the caption changes, so the same seed draws the same tokens for every caption and a test
 could not tell it from a model that never sees its caption; at std 1 the caption moves them
@@ -20,7 +21,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch import nn
 
 from dalle_dist.data.tokenizer import tokenize
 from dalle_dist.generate import GenerateConfig, Sampler, generate, load_sampler, prompt_dir_name
@@ -29,20 +29,6 @@ CAPTIONS = ["a small red circle on the left",
             "a small red circle on the right",  # differs only in the last word
             "a large blue square at the top"]
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def sharp_dalle(tiny_dalle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tiny_dalle's checkpoint (its VAE, tokenizer and configs) with weights of std 1."""
-    payload = torch.load(tiny_dalle, weights_only=True)
-    sampler = load_sampler(tiny_dalle, CPU)
-    torch.manual_seed(0)
-    for module in sampler.model.modules():
-        if isinstance(module, nn.Linear | nn.Embedding):
-            nn.init.normal_(module.weight, std=1.0)
-    path = tmp_path_factory.mktemp("sharp") / "dalle.pt"
-    torch.save({**payload, "weights": sampler.model.state_dict()}, path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -112,3 +112,19 @@ class StaticDecoder(nn.Module):
             return tokens[:b]
         finally:
             model.train(was_training)
+
+
+@torch.no_grad()
+def teacher_forced_logits(model: DALLE, text: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """([n, b, vocab] image logits of the cached decoder, the same from uncached forwards),
+    both fed the same image tokens [b, n]: the prefill's logits, then one decode step's per
+    token but the last. How a cast model's cache is checked: in bf16 / fp16 a near tie in
+    the Gumbel argmax can flip with the summation order, so sampled tokens need not match
+    token for token, while these logits must agree within the dtype's rounding. float32."""
+    decoder = StaticDecoder(model, text.shape[0])
+    cached = [model.prefill(text, decoder.caches)]
+    uncached = [model.uncached_image_logits(text, tokens[:, :0])]
+    for j in range(tokens.shape[1] - 1):
+        cached.append(decoder.step(tokens[:, j:j + 1], decoder.cells[j:j + 1]))
+        uncached.append(model.uncached_image_logits(text, tokens[:, :j + 1]))
+    return torch.stack(cached).float(), torch.stack(uncached).float()
