@@ -44,7 +44,7 @@ class GenerateConfig:
     precision: str = option(
         DEFAULT_PRECISION, "the DALL-E's weights and KV cache while sampling. bf16 and fp16 "
         "halve the bytes each decode step reads, which bounds sampling at small batches "
-        "(fp16 measured about 2x faster than fp32 on CPU); the images may differ from "
+        "(fp16 sampled 1.3x-1.6x faster than fp32 on a 2-core CPU); the images may differ from "
         "fp32's by rounding. The VAE decodes in fp32", choices=PRECISIONS)
     gentxt: bool = option(
         False, "complete each prompt with the model's own text predictions first (sampled "
