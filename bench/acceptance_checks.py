@@ -22,9 +22,9 @@ BF16_ERROR_FACTOR, BF16_SLACK = 2.0, 2.0**-7
 #: fp32 paths against the fp32 dense reference (TF32 off), relative to the output's scale.
 FP32_TOLERANCE = 1e-4
 #: A cast model's cached decode logits against its uncached forward: this many roundings
-#: of the dtype at the logits' range (tests/model/test_half_sampling.py measured 0.3x-0.35x
-#: of it on CPU; a cache missing one position gives 6x-48x), over the first tokens only (each
-#: uncached step re-runs the whole sequence).
+#: of the dtype at the logits' range (tests/model/test_half_sampling.py measured fp16 at
+#: 0.35x of it on CPU, bf16 up to 0.5x; a cache missing one position gives 6x-48x), over
+#: the first tokens only (each uncached step re-runs the whole sequence).
 HALF_ROUNDINGS, HALF_CHECKED_TOKENS = 4, 64
 
 
@@ -292,10 +292,12 @@ def sampling_static_cache_check(device: torch.device, repeats: int) -> Outcome:
 
 def sampling_half_precision_check(device: torch.device, repeats: int) -> Outcome:
     """`generate --precision`: the DALL-E cast to bf16 / fp16 (bf16 only on a GPU that has
-    it; fp16 alone on the CPU, where bf16 is emulated) decodes through a cache of that
-    dtype whose logits equal the uncached forward of the cast model within
-    HALF_ROUNDINGS of its rounding (teacher-forced, first HALF_CHECKED_TOKENS tokens), and
-    its batch-1 s/image against the fp32 model's."""
+    it; fp16 alone on the CPU, where bf16 is emulated) decodes through its cache (that
+    dtype on CUDA, fp32 on the CPU: decoding.cache_dtype) with logits equal to the
+    uncached forward of the cast model within HALF_ROUNDINGS of its rounding
+    (teacher-forced, first HALF_CHECKED_TOKENS tokens); and its batch-1 s/image against
+    the fp32 model's."""
+
     import copy
 
     from dalle_dist.model.decoding import teacher_forced_logits

@@ -13,8 +13,10 @@ says how to make one) and our sources on the path:
 
 Contenders: 1.6.6's cached path in fp32; ours through the static KV cache, eager and
 compiled (`generate --compile`), in fp32 and with the DALL-E cast to fp16 and bf16
-(`generate --precision`). Same config for all (bench/generate.py's, full attention);
-compile time is outside the rounds (first_call_s).
+(`generate --precision`); and per precision the matmul floor, one image's worth of the
+model's linear layers on one row (no sampler at batch 1 reads fewer weight bytes). Same
+config for all (bench/generate.py's, full attention); compile time is outside the rounds
+(first_call_s).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def contenders(args: argparse.Namespace) -> dict[str, Callable[[], object]]:
     vae = bench_vae(cpu)
     for precision in args.precisions.split(","):
         model = bench_model("full", args.rotary_shift, precision, cpu)
+        found[f"matmul_floor_{precision}"] = image_of_matmuls(model)
         for mode in args.modes.split(","):
             decoder = StaticDecoder(model, 1, compiled=mode == "compiled")
             generator = torch.Generator().manual_seed(0)
@@ -56,6 +59,22 @@ def contenders(args: argparse.Namespace) -> dict[str, Callable[[], object]]:
                 lambda m=model, d=decoder, g=generator: m.generate_images(
                     text, vae, 0.9, 1.0, g, decoder=d))
     return found
+
+
+def image_of_matmuls(model: torch.nn.Module) -> Callable[[], object]:
+    """Every linear layer of the model once per image token on one row, nothing else: the
+    weight reads no batch-1 decoder can avoid (bench/generate.py's matmul floor, here timed
+    in the same turns as the samplers, so a ratio to it is not moved by drift)."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(1, m.in_features, dtype=m.weight.dtype) for m in layers]
+    tokens = model.layout.image_len
+
+    def run() -> None:
+        for _ in range(tokens):
+            for layer, x in zip(layers, inputs, strict=True):
+                torch.nn.functional.linear(x, layer.weight, layer.bias)
+
+    return run
 
 
 def main() -> None:

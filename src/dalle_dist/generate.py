@@ -42,9 +42,10 @@ class GenerateConfig:
                "reduce-overhead) on CUDA; same images, faster once compiled (compiling "
                "takes seconds to a minute, once per batch size)")
     precision: str = option(
-        DEFAULT_PRECISION, "the DALL-E's weights and KV cache while sampling. bf16 and fp16 "
-        "halve the bytes each decode step reads, which bounds sampling at small batches "
-        "(fp16 sampled 1.3x-1.6x faster than fp32 on a 2-core CPU); the images may differ from "
+        DEFAULT_PRECISION, "the DALL-E's weights while sampling. bf16 and fp16 halve the "
+        "bytes each decode step reads, which bounds sampling at small batches (fp16 at "
+        "--batch_size 1 sampled about 2x faster than fp32 on a 2-core CPU, but slower at 16, "
+        "where a CPU without fp16 arithmetic is compute-bound); the images may differ from "
         "fp32's by rounding. The VAE decodes in fp32", choices=PRECISIONS)
     gentxt: bool = option(
         False, "complete each prompt with the model's own text predictions first (sampled "
