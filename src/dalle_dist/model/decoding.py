@@ -57,7 +57,8 @@ class StaticDecoder(nn.Module):
 
     def __init__(self, model: DALLE, batch: int, compiled: bool = False,
                  dtype: torch.dtype | None = None, cond_scale: float = 1.0) -> None:
-        """cond_scale: classifier-free guidance (1: none, and no null pass)."""
+        """cond_scale: classifier-free guidance (1: none, and no null pass). dtype: the
+        KV cache's (default: cache_dtype of the model's weights on their device)."""
         super().__init__()
         weight = model.text_emb.weight
         self.model = model
@@ -133,11 +134,17 @@ def teacher_forced_logits(model: DALLE, text: Tensor, tokens: Tensor) -> tuple[T
     both fed the same image tokens [b, n]: the prefill's logits, then one decode step's per
     token but the last. How a cast model's cache is checked: in bf16 / fp16 a near tie in
     the Gumbel argmax can flip with the summation order, so sampled tokens need not match
-    token for token, while these logits must agree within the dtype's rounding. float32."""
+    token for token, while these logits must agree within the dtype's rounding. float32;
+    the model runs in eval mode (no dropout) and is left in the mode it was in."""
     decoder = StaticDecoder(model, text.shape[0])
-    cached = [model.prefill(text, decoder.caches)]
-    uncached = [model.uncached_image_logits(text, tokens[:, :0])]
-    for j in range(tokens.shape[1] - 1):
-        cached.append(decoder.step(tokens[:, j:j + 1], decoder.cells[j:j + 1]))
-        uncached.append(model.uncached_image_logits(text, tokens[:, :j + 1]))
+    was_training = model.training
+    model.eval()
+    try:
+        cached = [model.prefill(text, decoder.caches)]
+        uncached = [model.uncached_image_logits(text, tokens[:, :0])]
+        for j in range(tokens.shape[1] - 1):
+            cached.append(decoder.step(tokens[:, j:j + 1], decoder.cells[j:j + 1]))
+            uncached.append(model.uncached_image_logits(text, tokens[:, :j + 1]))
+    finally:
+        model.train(was_training)
     return torch.stack(cached).float(), torch.stack(uncached).float()
