@@ -2,14 +2,13 @@
 different sets of image tokens, and the same seed with the same caption gives the same.
 
 The model is sharp_dalle (tests/conftest.py): tiny_dalle's checkpoint with its transformer
-re-drawn at weight std 1. A barely
-trained or freshly initialised DALL-E (std 0.02) moves its image logits by about 0.01 when
-the caption changes, so the same seed draws the same tokens for every caption and a test
-could not tell it from a model that never sees its caption; at std 1 the caption moves them
-by several units. These tests fail if sampling never sees the caption (the prefix built
-from padding or from a fixed caption), if the KV cache drops the text prefix, if only the
-start of a caption reaches the model, or if `generate` samples every prompt from the same
-text.
+re-drawn at weight std 1. A barely trained or freshly initialised DALL-E (std 0.02) moves
+its image logits by about 0.01 when the caption changes, so the same seed draws the same
+tokens for every caption and a test could not tell it from a model that never sees its
+caption; at std 1 the caption moves them by several units. These tests fail if sampling
+never sees the caption (the prefix built from padding or from a fixed caption), if the KV
+cache drops the text prefix, if only the start of a caption reaches the model, or if
+`generate` samples every prompt from the same text.
 """
 
 from __future__ import annotations
