@@ -22,6 +22,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -76,11 +77,9 @@ def timed(model: DALLE, vae: DiscreteVAE, batch: int, repeats: int, compiled: bo
     return median(times), first
 
 
-def matmul_floor(model: DALLE, rows: int, repeats: int, device: torch.device) -> float:
-    """Seconds per image of the decode steps' matmuls alone: every linear layer of the
-    model applied once to `rows` rows, per image token, nothing else. At batch 1 these
-    are matrix-vector products, bound by reading the weights from memory: no decode step
-    can be faster than this without fewer or smaller weights (bf16 / fp16)."""
+def linear_pass(model: DALLE, rows: int, device: torch.device) -> Callable[[], None]:
+    """A function applying every linear layer of the model once to `rows` random rows of
+    its input size and dtype: one decode step's matmuls, nothing else."""
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(rows, m.in_features, device=device, dtype=m.weight.dtype)
               for m in layers]
@@ -89,6 +88,15 @@ def matmul_floor(model: DALLE, rows: int, repeats: int, device: torch.device) ->
         for layer, x in zip(layers, inputs, strict=True):
             torch.nn.functional.linear(x, layer.weight, layer.bias)
 
+    return one_pass
+
+
+def matmul_floor(model: DALLE, rows: int, repeats: int, device: torch.device) -> float:
+    """Seconds per image of the decode steps' matmuls alone: every linear layer of the
+    model applied once to `rows` rows, per image token, nothing else. At batch 1 these
+    are matrix-vector products, bound by reading the weights from memory: no decode step
+    can be faster than this without fewer or smaller weights (bf16 / fp16)."""
+    one_pass = linear_pass(model, rows, device)
     with torch.no_grad():
         for _ in range(5):
             one_pass()

@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, set_threads
-from generate import bench_model, bench_vae
+from generate import bench_model, bench_vae, linear_pass
 from generate_reference import reference_model, use_cache_path
 
 from dalle_dist.model.decoding import StaticDecoder
@@ -62,17 +62,16 @@ def contenders(args: argparse.Namespace) -> dict[str, Callable[[], object]]:
 
 
 def image_of_matmuls(model: torch.nn.Module) -> Callable[[], object]:
-    """Every linear layer of the model once per image token on one row, nothing else: the
-    weight reads no batch-1 decoder can avoid (bench/generate.py's matmul floor, here timed
-    in the same turns as the samplers, so a ratio to it is not moved by drift)."""
-    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    inputs = [torch.randn(1, m.in_features, dtype=m.weight.dtype) for m in layers]
+    """One image's worth of bench/generate.py's linear_pass: every linear layer once per
+    image token on one row, the weight reads no batch-1 decoder can avoid (its matmul
+    floor, here timed in the same turns as the samplers, so a ratio to it is not moved by
+    drift)."""
+    one_pass = linear_pass(model, 1, torch.device("cpu"))
     tokens = model.layout.image_len
 
     def run() -> None:
         for _ in range(tokens):
-            for layer, x in zip(layers, inputs, strict=True):
-                torch.nn.functional.linear(x, layer.weight, layer.bias)
+            one_pass()
 
     return run
 

@@ -12,6 +12,7 @@ from dalle_dist.model.attention import LayerKVCache
 from dalle_dist.model.config import DALLEConfig
 from dalle_dist.model.decoding import StaticDecoder
 from dalle_dist.model.image_tokenizer import ImageTokenizer
+from dalle_dist.model.modes import eval_mode
 from dalle_dist.model.patterns import PatternOptions, SequenceLayout
 from dalle_dist.model.sampling import guide, null_text, sample_tokens
 from dalle_dist.model.transformer import Transformer
@@ -197,9 +198,7 @@ class DALLE(nn.Module):
             if decoder.model is not self:
                 raise ValueError("the decoder was built for another model")
             return decoder.sample(text, filter_thres, temperature, generator)
-        was_training = self.training
-        self.eval()
-        try:
+        with eval_mode(self):
             n_image = self.layout.image_len
             tokens = torch.empty(text.shape[0], n_image, dtype=torch.long, device=text.device)
             for j in range(n_image):
@@ -209,8 +208,6 @@ class DALLE(nn.Module):
                     logits = guide(logits, null, cond_scale)
                 tokens[:, j] = sample_tokens(logits, filter_thres, temperature, generator)
             return tokens
-        finally:
-            self.train(was_training)
 
     def uncached_image_logits(self, text: Tensor, tokens: Tensor) -> Tensor:
         """The image logits [b, vocab] of the cell after image tokens [b, j] (j may be 0),
@@ -237,9 +234,7 @@ class DALLE(nn.Module):
         b, k = prompt.shape
         if k > c.text_seq_len:
             raise ValueError(f"prompt has {k} tokens, the model takes {c.text_seq_len}")
-        was_training = self.training
-        self.eval()
-        try:
+        with eval_mode(self):
             seq = self._text_input(torch.zeros(b, c.text_seq_len, dtype=torch.long,
                                                device=prompt.device))
             seq[:, 1:k + 1] = prompt
@@ -248,8 +243,6 @@ class DALLE(nn.Module):
                 seq[:, pos + 1] = sample_tokens(self._text_logits(h[:, pos]), filter_thres,
                                                 temperature, generator)
             return seq[:, 1:]
-        finally:
-            self.train(was_training)
 
     def caption_ids(self, ids: Tensor) -> Tensor:
         """Model text ids [b, text_seq_len] -> caption ids with 0 for padding: <bos> and

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from dalle_dist.model.modes import eval_mode
 from dalle_dist.model.sampling import guide, null_text, sample_tokens
 
 if TYPE_CHECKING:
@@ -103,9 +104,7 @@ class StaticDecoder(nn.Module):
         if text.shape[0] != self.batch:
             raise ValueError(f"this decoder samples batches of {self.batch}, got {text.shape[0]}")
         model = self.model
-        was_training = model.training
-        model.eval()
-        try:
+        with eval_mode(model):
             n_image, b = model.layout.image_len, self.batch
             tokens = torch.empty(self.rows, n_image, dtype=torch.long, device=self.device)
             if self.guided:
@@ -124,8 +123,6 @@ class StaticDecoder(nn.Module):
                     torch.compiler.cudagraph_mark_step_begin()
                 logits = self._step(tokens[:, j:j + 1], self.cells[j:j + 1])
             return tokens[:b]
-        finally:
-            model.train(was_training)
 
 
 @torch.no_grad()
@@ -137,14 +134,10 @@ def teacher_forced_logits(model: DALLE, text: Tensor, tokens: Tensor) -> tuple[T
     token for token, while these logits must agree within the dtype's rounding. float32;
     the model runs in eval mode (no dropout) and is left in the mode it was in."""
     decoder = StaticDecoder(model, text.shape[0])
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         cached = [model.prefill(text, decoder.caches)]
         uncached = [model.uncached_image_logits(text, tokens[:, :0])]
         for j in range(tokens.shape[1] - 1):
             cached.append(decoder.step(tokens[:, j:j + 1], decoder.cells[j:j + 1]))
             uncached.append(model.uncached_image_logits(text, tokens[:, :j + 1]))
-    finally:
-        model.train(was_training)
     return torch.stack(cached).float(), torch.stack(uncached).float()

@@ -11,6 +11,7 @@ from torch import nn
 from dalle_dist.backends import Engine
 from dalle_dist.data.images import make_grid
 from dalle_dist.model import DiscreteVAE, VAEConfig
+from dalle_dist.model.modes import eval_mode
 from dalle_dist.train.config import TrainConfig, VAESamples, VAESchedule
 from dalle_dist.train.task import Batch, Task
 
@@ -52,11 +53,9 @@ class VAETask(Task):
         """Rows: originals, soft reconstructions, hard (argmax-code) reconstructions, of the
         batch's first --num_images_save images (all of a smaller batch)."""
         images = batch[0][:self.samples.num_images_save].to(device)
-        was_training = model.training
-        model.eval()
-        soft = model(images, self.temperature)["recons"]
-        hard = model.decode(model.get_codebook_indices(images))
-        model.train(was_training)
+        with eval_mode(model):
+            soft = model(images, self.temperature)["recons"]
+            hard = model.decode(model.get_codebook_indices(images))
         return make_grid(torch.cat([images, soft, hard]).float().cpu(), nrow=len(images))
 
     def configs(self) -> dict[str, Any]:

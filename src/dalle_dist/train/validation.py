@@ -18,6 +18,7 @@ import torch
 
 from dalle_dist.backends import DistributedBackend, Engine
 from dalle_dist.data.heldout import WeightedBatch
+from dalle_dist.model.modes import eval_mode
 from dalle_dist.train.task import Task
 
 #: What every validation pass seeds its forked RNG with (see the module docstring).
@@ -60,15 +61,11 @@ def validation_loss(task: Task, engine: Engine, backend: DistributedBackend,
     """The mean loss over every held-out sample of every rank; collective."""
     device = backend.device
     module = engine.module
-    was_training = module.training
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        module.eval()
+    with (torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+          eval_mode(module)):
         seed_pass(device)
-        try:
-            with backend.waiting("the validation pass"):
-                sums = held_out_sums(task, engine, device, held_out.batches())
-        finally:
-            module.train(was_training)
+        with backend.waiting("the validation pass"):
+            sums = held_out_sums(task, engine, device, held_out.batches())
     # One all-reduce for the pass; the mean of the ranks' sums keeps their ratio.
     total, count = backend.average(sums, "the validation loss all-reduce").tolist()
     return total / max(count, 1e-12)
