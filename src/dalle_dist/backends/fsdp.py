@@ -23,6 +23,10 @@ test_fp16_agreement.py proves it with an inf in one rank's gradient).
 
 Parameters become sharded DTensors, so the optimizer is built after sharding. Single-file
 checkpoints gather the full state on rank 0 (torch.distributed.checkpoint.state_dict).
+
+FSDP2 and torch.distributed.checkpoint are imported where they are used: importing them
+costs about a second of CPU, which every `dalle-dist` process paid at start-up when this
+module (registered with every backend) imported them at the top.
 """
 
 from __future__ import annotations
@@ -30,18 +34,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from dalle_dist.backends.base import Engine, OptimizerFactory, SchedulerFactory, parameter_digest
 from dalle_dist.backends.plan_terms import PlanTerms
@@ -49,12 +45,23 @@ from dalle_dist.backends.precision import PRECISION_KINDS, Precision
 from dalle_dist.backends.torch_dist import TorchDistributedBackend
 from dalle_dist.errors import DalleDistError
 
-_FULL_ON_ROOT = StateDictOptions(full_state_dict=True, cpu_offload=True)
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+
+def _full_on_root() -> StateDictOptions:
+    """Whole tensors, gathered to the CPU of rank 0."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def mixed_precision_policy(precision_name: str) -> MixedPrecisionPolicy:
     """Gather parameters in the precision's dtype (fp32 when it has none), reduce gradients
     in fp32: summing over ranks in bf16 would lose the low bits of every gradient."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     dtype = PRECISION_KINDS[precision_name].dtype
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
@@ -83,6 +90,9 @@ def shard_onto(module: nn.Module, units: Sequence[nn.Module | list[nn.Module]],
     params = {name: param.detach() for name, param in module.named_parameters()}
     buffers = {name: buffer.detach() for name, buffer in module.named_buffers()}
     module.to("meta")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
     mesh = init_device_mesh(device.type, (world_size,))
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=policy)
@@ -103,13 +113,17 @@ class FSDPEngine(Engine):
     shards_parameters: ClassVar[bool] = True
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        state = get_model_state_dict(self.module, options=_FULL_ON_ROOT)
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        state = get_model_state_dict(self.module, options=_full_on_root())
         return state if self.is_root else None
 
     def optimizer_state_dict(self) -> dict[str, Any] | None:
         if not self.optimizer.state:  # see Engine.optimizer_state_dict
             return None
-        state = get_optimizer_state_dict(self.module, self.optimizer, options=_FULL_ON_ROOT)
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        state = get_optimizer_state_dict(self.module, self.optimizer, options=_full_on_root())
         return state if self.is_root else None
 
     def rank_digest(self) -> str:
@@ -126,6 +140,11 @@ class FSDPEngine(Engine):
         return contextlib.nullcontext()
 
     def _load_optimizer(self, optimizer: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
         # Every rank read the file: each takes its own shard of the full state.
         set_optimizer_state_dict(
             self.module, self.optimizer, optimizer,
