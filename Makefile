@@ -14,7 +14,13 @@ DEMO_DIR ?= demo
 DEEPSPEED := $(VENV)/.installed-deepspeed
 GPU_CHECK_OUT ?= gpu-acceptance.json
 
-.PHONY: demo test lint bench gpu-check clean
+# The suite runs on two pytest-xdist workers: the 2-rank launch tests in one (in order, so
+# two launches never share the two cores), the single-process tests in the other
+# (tests/conftest.py). PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
+PYTEST := $(BIN)/pytest -q -n $(PYTEST_WORKERS) --no-loadscope-reorder
+
+.PHONY: demo test test-quick lint bench gpu-check clean
 
 $(BASE): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,9 +49,15 @@ demo: $(BASE)
 lint: $(BASE)
 	$(BIN)/ruff check src tests bench
 
-# --durations=30: every CI log lists the slowest tests, so a slow new one shows at once.
+# Every run ends with its wall time and its slowest files and fixtures (tests/timing.py),
+# then the slowest tests (--durations): a slow new test shows in every CI log at once.
 test: $(ENGINES) lint
-	$(BIN)/pytest -q --durations=30
+	$(PYTEST) --durations=20
+
+# The inner loop between edits: unit tests and single-process checks, no 2-rank launch and
+# no minutes-long training (markers ranks and slow); `make test` still runs everything.
+test-quick: $(ENGINES)
+	$(PYTEST) -m "not ranks and not slow"
 
 bench: $(BASE)
 	$(BIN)/python bench/train_step.py

@@ -1,6 +1,7 @@
-"""Shared test plumbing: one way to run the CLI as a real process, and tiny checkpoints.
+"""Shared test plumbing: one way to run the CLI as a real process, tiny checkpoints built
+once per test run, and how the suite splits over pytest-xdist's workers.
 
-Tiny models keep the suite fast; the trained-for-real demo VAE lives in
+Tiny models keep the suite fast; the built-in VAE's own tests live in
 tests/train/test_builtin_vae.py.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from filelock import FileLock
 
 #: OpenMP threads that wait for each other sleep instead of spinning. By default torch's
 #: two threads on two cores busy-wait at every parallel region: alone on the machine that
@@ -29,6 +32,85 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 if TYPE_CHECKING:
     from tests.backends.runs import Run
+
+#: Every run ends with its wall time and its slowest files and fixtures (tests/timing.py).
+pytest_plugins = ["tests.timing"]
+
+#: Test files that spend most of their time in 2-rank launches (torchrun, the deepspeed
+#: launcher, horovodrun): marked `ranks`, which `make test-quick` leaves out.
+RANK_FILES = frozenset(f"tests/{name}.py" for name in (
+    "backends/test_peer_failures", "backends/test_ds_checkpoints", "backends/test_default_path",
+    "backends/test_accumulation", "backends/test_equivalence", "backends/test_precision",
+    "backends/test_cross_resume", "backends/test_sharing", "backends/test_clipping",
+    "backends/test_host_syncs", "backends/test_errors", "backends/test_fp16_agreement",
+    "backends/test_node_local_files", "backends/test_multinode", "test_gpu_acceptance",
+))
+#: The longest of them, and those that time a wait (a hung peer, a run stopped after step
+#: k): under pytest-xdist (`make test`) one worker runs them first and in this order, so
+#: two of these launches never share the two cores (each rank takes one), while the other
+#: worker runs the single-process tests beside them.
+ONE_AT_A_TIME = tuple(f"tests/backends/{name}.py" for name in (
+    "test_peer_failures", "test_ds_checkpoints", "test_default_path", "test_equivalence",
+    "test_accumulation", "test_precision", "test_cross_resume",
+))
+#: The single-process files that take most of a minute or more (marked `slow`, which
+#: `make test-quick` leaves out too): queued next, so that none of them is left for the
+#: end, when one worker would run it while the other has nothing to do. Then the other
+#: launch files, then every short file, to fill the end evenly.
+LONG_FILES = tuple(f"tests/{name}.py" for name in (
+    "train/test_builtin_vae", "train/test_resume", "cli/test_errors", "cli/test_checkpoint_cmd",
+    "train/test_overwrite", "train/test_validation",
+))
+
+
+#: Files that read the same launches, run on one worker (else one waits for the other's).
+SAME_WORKER = {"tests/backends/test_clipping.py": "tests/backends/test_host_syncs.py"}
+
+
+def _test_file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _queue_place(item: pytest.Item) -> tuple[int, int]:
+    path = _test_file(item.nodeid)
+    if path in ONE_AT_A_TIME:
+        return 0, ONE_AT_A_TIME.index(path)
+    if path in LONG_FILES:
+        return 1, LONG_FILES.index(path)
+    return (2, 0) if path in RANK_FILES else (3, 0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the launch files' tests `ranks` and the long files' `slow`; under xdist,
+    orders the queue (every worker sorts alike: xdist checks that their collections agree)."""
+    for item in items:
+        if _test_file(item.nodeid) in RANK_FILES:
+            item.add_marker(pytest.mark.ranks)
+        elif _test_file(item.nodeid) in LONG_FILES:
+            item.add_marker(pytest.mark.slow)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=_queue_place)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scheduling by scope, with these scopes: the ONE_AT_A_TIME files together,
+    every other test file on its own (its module-scoped fixtures are then set up once, on
+    one worker). Units go out in the collection's order; a worker takes the next one when
+    it has at most two tests left.
+
+    (Our own scope rule rather than `--dist loadgroup`: pytest 9 moved the node id that
+    xdist 3.8 appends the group name to, and loadgroup silently groups nothing.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaunchesOneAtATime(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = _test_file(nodeid)
+            if path in ONE_AT_A_TIME:
+                return "one at a time"
+            return SAME_WORKER.get(path, path)
+
+    return LaunchesOneAtATime(config, log)
+
 
 TINY_VAE_FLAGS = [
     "--image_size", "16", "--num_layers", "2", "--num_tokens", "32", "--emb_dim", "16",
@@ -71,24 +153,50 @@ def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str)
     return stderr
 
 
+def shared_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A folder of this test run that every pytest-xdist worker sees (the workers' base
+    temporary folders are children of the run's); without xdist, one in the run's own."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    (root / "shared").mkdir(exist_ok=True)
+    return root / "shared" / name
+
+
+def build_once(tmp_path_factory: pytest.TempPathFactory, name: str,
+               build: Callable[[Path], None]) -> Path:
+    """`build(folder)` once per test run, by whichever worker asks first; the others wait
+    under a file lock and reuse what it wrote. A build that fails leaves no mark, so the
+    next asker builds again and fails in its own test as well."""
+    folder = shared_folder(tmp_path_factory, name)
+    built = folder.with_name(f"{name}.built")
+    with FileLock(f"{folder}.lock"):
+        if not built.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            built.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_vae(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A VAE checkpoint trained for a few steps on 16px shapes, through the CLI."""
-    out = tmp_path_factory.mktemp("tiny_vae") / "vae.pt"
-    result = run_cli("train-vae", *TINY_VAE_FLAGS, *TINY_TRAIN_FLAGS,
-                     "--vae_output_file_name", str(out))
-    assert result.returncode == 0, result.stderr
-    return out
+    def build(folder: Path) -> None:
+        result = run_cli("train-vae", *TINY_VAE_FLAGS, *TINY_TRAIN_FLAGS,
+                         "--vae_output_file_name", str(folder / "vae.pt"))
+        assert result.returncode == 0, result.stderr
+    return build_once(tmp_path_factory, "tiny_vae", build) / "vae.pt"
 
 
 @pytest.fixture(scope="session")
 def tiny_dalle(tmp_path_factory: pytest.TempPathFactory, tiny_vae: Path) -> Path:
     """A DALL-E checkpoint trained for a few steps on top of tiny_vae, through the CLI."""
-    out = tmp_path_factory.mktemp("tiny_dalle") / "dalle.pt"
-    result = run_cli("train", "--vae_path", str(tiny_vae), *TINY_DALLE_FLAGS, *TINY_TRAIN_FLAGS,
-                     "--fidelity_images", "4", "--dalle_output_file_name", str(out))
-    assert result.returncode == 0, result.stderr
-    return out
+    def build(folder: Path) -> None:
+        result = run_cli("train", "--vae_path", str(tiny_vae), *TINY_DALLE_FLAGS,
+                         *TINY_TRAIN_FLAGS, "--fidelity_images", "4",
+                         "--dalle_output_file_name", str(folder / "dalle.pt"))
+        assert result.returncode == 0, result.stderr
+    return build_once(tmp_path_factory, "tiny_dalle", build) / "dalle.pt"
 
 
 @pytest.fixture(scope="session")
@@ -97,20 +205,20 @@ def sharp_dalle(tiny_dalle: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     embedding weights re-drawn at std 1: a barely trained model's image logits move by
     hundredths when its input changes, so sampling tests that must see a difference (another
     caption, another precision) use this one, whose logits move by units."""
-    import torch
-    from torch import nn
+    def build(folder: Path) -> None:
+        import torch
+        from torch import nn
 
-    from dalle_dist.generate import load_sampler
+        from dalle_dist.generate import load_sampler
 
-    payload = torch.load(tiny_dalle, weights_only=True)
-    sampler = load_sampler(tiny_dalle, torch.device("cpu"))
-    torch.manual_seed(0)
-    for module in sampler.model.modules():
-        if isinstance(module, nn.Linear | nn.Embedding):
-            nn.init.normal_(module.weight, std=1.0)
-    path = tmp_path_factory.mktemp("sharp") / "dalle.pt"
-    torch.save({**payload, "weights": sampler.model.state_dict()}, path)
-    return path
+        payload = torch.load(tiny_dalle, weights_only=True)
+        sampler = load_sampler(tiny_dalle, torch.device("cpu"))
+        torch.manual_seed(0)
+        for module in sampler.model.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, std=1.0)
+        torch.save({**payload, "weights": sampler.model.state_dict()}, folder / "dalle.pt")
+    return build_once(tmp_path_factory, "sharp_dalle", build) / "dalle.pt"
 
 
 @pytest.fixture(scope="session")
@@ -119,10 +227,10 @@ def trained(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Callabl
     trained on first use: 2 ranks (1 for single), global batch 16, 5 steps, metrics every
     step, a sample grid every 2 steps (sharded engines gather their weights mid-run for it).
 
-    Shared by the whole session: the equivalence and precision tests compare precision runs
-    bit for bit with the same backend's fp32 run, and the checkpoint command's tests read
-    the DeepSpeed fp32 runs' directories (tests/backends/runs.py says how each is launched).
-    Tests only read a run's folder.
+    Shared by the whole test run (every xdist worker reads the same runs): the equivalence
+    and precision tests compare precision runs bit for bit with the same backend's fp32
+    run, and the checkpoint command's tests read the DeepSpeed fp32 runs' directories
+    (tests/backends/runs.py says how each is launched). Tests only read a run's folder.
     """
     import torch
 
@@ -134,20 +242,25 @@ def trained(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Callabl
         key = (name, precision, *extra)
         if key in done:
             return done[key]
+
+        def build(folder: Path) -> None:
+            args = ["train", "--vae_path", str(tiny_vae), *COMMON, "--precision", precision,
+                    "--sample_every_n_steps", "2",
+                    "--dalle_output_file_name", str(folder / "dalle"), *extra]
+            if name == "single":
+                result = run_cli(*args, "--batch_size", str(BATCH), cwd=folder)
+            else:
+                launcher, flags = RUNS[name]
+                result = launcher(*args, *flags, *batch_flag(name, BATCH), cwd=folder)
+            text = result.stdout + result.stderr
+            assert result.returncode == 0, text[-4000:]
+            (folder / "launch.log").write_text(text)
+
         # (a flag's value may be a path: keep the folder name one path component)
         label = re.sub(r"[^\w.,-]+", "_", f"{name}-{precision}{''.join(extra)}")[:120]
-        folder = tmp_path_factory.mktemp(label)
-        args = ["train", "--vae_path", str(tiny_vae), *COMMON, "--precision", precision,
-                "--sample_every_n_steps", "2", "--dalle_output_file_name", str(folder / "dalle"),
-                *extra]
-        if name == "single":
-            result = run_cli(*args, "--batch_size", str(BATCH), cwd=folder)
-        else:
-            launcher, flags = RUNS[name]
-            result = launcher(*args, *flags, *batch_flag(name, BATCH), cwd=folder)
-        text = result.stdout + result.stderr
-        assert result.returncode == 0, text[-4000:]
-        done[key] = Run(text, metric_records(folder / "dalle.metrics.jsonl"),
+        folder = build_once(tmp_path_factory, f"trained-{label}", build)
+        done[key] = Run((folder / "launch.log").read_text(),
+                        metric_records(folder / "dalle.metrics.jsonl"),
                         torch.load(folder / "dalle.pt", weights_only=True), folder)
         return done[key]
     return get

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,10 +24,36 @@ BIN = Path(sys.executable).parent
 LAUNCH_TIMEOUT = 300
 
 
+#: The ports handed to launchers come from below Linux's ephemeral range (32768-60999),
+#: which the kernel gives to outgoing connections and to bind(0): a port picked there can
+#: be taken by anyone before the launcher binds it. Each pytest-xdist worker counts through
+#: a block of its own (a run without xdist takes the last), from a random start, so two
+#: workers never name the same port and two test runs side by side seldom do; a port that
+#: is bound at the moment is skipped.
+PORT_BASE, PORT_BLOCK, PORT_BLOCKS = 20000, 1000, 12
+
+
+def _port_block() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else -1
+    return PORT_BASE + (index % PORT_BLOCKS) * PORT_BLOCK
+
+
+_next_ports = itertools.count(random.randrange(PORT_BLOCK))
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port no process on this machine is bound to, for a launcher's rendezvous."""
+    block = _port_block()
+    for _ in range(PORT_BLOCK):
+        port = block + next(_next_ports) % PORT_BLOCK
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {block}-{block + PORT_BLOCK - 1}")
 
 
 def _env(env: dict[str, str] | None) -> dict[str, str]:
