@@ -18,15 +18,20 @@ ran in: `micro` (a micro-batch of an accumulation window other than the last), o
 Steps are delimited by RunLog.progress, which the loop calls once at the end of every
 optimizer step, after that step's logging, sampling and saving; the record is written when
 the loop ends its progress bar (a rank of a multi-process run ends with os._exit).
+
+With $CLIP_PROBE_DIR set, the same run also checks its first step's clipping
+(tests/backends/clip_probe.py), whose gathers are left out of the record.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +213,16 @@ def write_record() -> None:
     out.write_text(json.dumps({"steps": RECORDER.steps}))
 
 
+@contextlib.contextmanager
+def unobserved() -> Iterator[None]:
+    """Around a test's own work inside a step (clip_probe's gathers): not the loop's."""
+    active, RECORDER.active = RECORDER.active, False
+    try:
+        yield
+    finally:
+        RECORDER.active = active
+
+
 def main() -> int:
     args = sys.argv[1:]
     wrap_torch_collectives()
@@ -215,6 +230,10 @@ def main() -> int:
     if "horovod" in args:
         wrap_horovod()
     wrap_loop()
+    if "CLIP_PROBE_DIR" in os.environ:
+        from tests.backends import clip_probe
+
+        clip_probe.install(Path(os.environ["CLIP_PROBE_DIR"]) / "clip.json", unobserved)
     from dalle_dist.cli import main as dalle_main
 
     with SyncMode():

@@ -1,6 +1,7 @@
 """The training step never waits for the device except at a sync point, on every backend.
 
-Each backend trains 2 ranks (1 for single) under tests/backends/sync_probe.py, which
+Each backend trains 2 ranks (1 for single) under tests/backends/sync_probe.py (the run
+tests/backends/test_clipping.py reads too, tests/backends/conftest.py), which
 records every host synchronisation (.item(), .tolist(), float(), bool(), .cpu(), ...)
 and every collective, per optimizer step, with whose code made it. With
 --log_every_n_steps 3 and --ga_steps 2 over a 7-step epoch, steps 3 and 6 log and step 7
@@ -23,49 +24,27 @@ all-reduced every step; a micro-batch that all-reduces its gradients.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests import launch
-from tests.backends.runs import RUNS, batch_flag
-from tests.conftest import TINY_DALLE_FLAGS
+from tests.backends.conftest import PROBED, PROBED_LOG_EVERY, PROBED_STEPS
 
-ROOT = Path(__file__).resolve().parents[2]
-STEPS, LOG_EVERY = 7, 3
+STEPS, LOG_EVERY = PROBED_STEPS, PROBED_LOG_EVERY
 QUIET_STEPS = [1, 2, 4, 5]
 #: Gradient exchanges an engine may skip inside a window (all-gathers of FSDP2's forward
 #: and backward are parameters, not gradients).
 GRADIENT_EXCHANGES = {"ddp_bucket_all_reduce", "reduce_scatter_single", "reduce_scatter_tensor",
                       "reduce_scatter", "horovod.allreduce_async_",
                       "horovod.grouped_allreduce_async_"}
-CASES = ["single", "torch", "fsdp", "deepspeed-zero0", "deepspeed-zero2", "deepspeed-zero3",
-         "horovod"]
 
 
-def probe(name: str, folder: Path, tiny_vae: Path) -> list[dict[str, Any]]:
-    args = ["train", "--vae_path", str(tiny_vae), *TINY_DALLE_FLAGS, "--epochs", "1",
-            "--shapes_count", str(STEPS * 16), "--fidelity_images", "0",
-            "--log_every_n_steps", str(LOG_EVERY), "--sample_every_n_steps", "0",
-            "--ga_steps", "2", "--dalle_output_file_name", str(folder / "dalle")]
-    env = {"SYNC_PROBE_DIR": str(folder),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    module = "tests.backends.sync_probe"
-    if name == "single":
-        result = launch._run([launch.sys.executable, "-m", module, *args, "--batch_size", "16"],
-                             folder, env, launch.LAUNCH_TIMEOUT)
-        world = 1
-    else:
-        launcher, flags = RUNS[name]
-        cmd = launch.command(launcher.__name__, *args, *flags, *batch_flag(name, 16),
-                             module=module)
-        result = launch._run(cmd, folder, env, launch.LAUNCH_TIMEOUT)
-        world = 2
-    text = launch.output(result)
-    assert result.returncode == 0, text[-4000:]
+def probe(name: str, probed_run: Callable[[str], Path]) -> list[dict[str, Any]]:
+    folder = probed_run(name)
+    world = 1 if name == "single" else 2
     records = [json.loads((folder / f"rank{r}.json").read_text())["steps"] for r in range(world)]
     # (events after the last step, the epoch-end save, are filed under step STEPS + 1)
     assert all(set(range(1, STEPS + 1)) <= set(map(int, steps)) for steps in records), \
@@ -77,9 +56,9 @@ def by_owner(events: list[list[str]]) -> Counter[str]:
     return Counter(event[1] for event in events)
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_no_host_sync_outside_log_steps(name: str, tiny_vae: Path, tmp_path: Path) -> None:
-    records = probe(name, tmp_path, tiny_vae)
+@pytest.mark.parametrize("name", PROBED)
+def test_no_host_sync_outside_log_steps(name: str, probed_run: Callable[[str], Path]) -> None:
+    records = probe(name, probed_run)
     world = len(records)
     for rank, steps in enumerate(records):
         report = {step: {"syncs": dict(by_owner(e["syncs"])),
