@@ -154,6 +154,7 @@ def test_layer_activations_with_rotary_and_shift(pattern: str, precision: str, i
     assert per_sample * 2 + per_layer == measured, path
 
 
+@pytest.mark.slow  # trains four configs for real (half a minute)
 def test_estimate_is_within_25_percent_of_measured_cpu_peaks() -> None:
     """The `single` row against four configs' real training steps' peak memory (RSS, CPU),
     one with every block checkpointed (measured 0.40 x the unchecked peak; an estimate

@@ -79,6 +79,7 @@ def test_other_seed_gives_other_images(runs: dict[str, Run]) -> None:
     assert first != other
 
 
+@pytest.mark.slow  # torch.compile with Inductor: 20-40 s with a cold cache
 def test_compile_gives_the_same_images(runs: dict[str, Run], tiny_dalle: Path,
                                        tmp_path: Path) -> None:
     """--compile (torch.compile of the decode step on CPU) samples the same tokens as the

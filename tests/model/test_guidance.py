@@ -78,6 +78,7 @@ def test_guided_cached_tokens_equal_uncached() -> None:
         assert not torch.equal(cached, unguided)  # guidance did something
 
 
+@pytest.mark.slow  # torch.compile with Inductor: 20-40 s with a cold cache
 def test_compiled_guided_tokens_equal_uncached() -> None:
     """`generate --compile --cond_scale 2.5`'s decoder (StaticDecoder compiled, 2 captions
     doubled to 4 rows) against the uncached guided reference, token for token, reused for

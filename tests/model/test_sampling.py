@@ -226,6 +226,7 @@ def compile_test_model() -> DALLE:
     return model
 
 
+@pytest.mark.slow  # torch.compile with Inductor: 20-40 s with a cold cache
 def test_compiled_sampling_equals_eager() -> None:
     """The torch.compile test (compile_test_model), batch 4, two calls. Same tokens as
     the eager decoder, and one graph for every position. Bugs: the position baked in as a

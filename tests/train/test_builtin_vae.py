@@ -1,7 +1,9 @@
 """The built-in VAE that `train` trains (or reuses) without --vae_path: the demo's first half.
 
-Trained for real (about two minutes): its reconstructions must keep the scorer's verdict,
-or caption fidelity would measure the VAE rather than DALL-E.
+Trained for real, for three of the demo's five epochs (--builtin_vae_epochs 3: the same
+shapes, model, schedule and code path, 60% of the steps): its reconstructions must already
+keep the scorer's verdict, or caption fidelity would measure the VAE rather than DALL-E.
+Measured: 3 epochs keep it on 0.946 of the held-out images, 2 on 0.838, 1 on 0.134.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dalle_dist.model import DiscreteVAE, VAEConfig
 from tests.conftest import run_cli
 
 TRAIN_FLAGS = ["--epochs", "1", "--shapes_count", "64", "--batch_size", "16", "--dim", "32",
-               "--depth", "1", "--fidelity_images", "8"]
+               "--depth", "1", "--fidelity_images", "8", "--builtin_vae_epochs", "3"]
 
 
 @pytest.fixture(scope="module")
