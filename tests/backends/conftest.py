@@ -1,9 +1,12 @@
-"""The probed runs: one `train` launch per backend under tests/backends/sync_probe.py, read
-by tests/backends/test_host_syncs.py (host syncs and collectives per step) and
-tests/backends/test_clipping.py (the first step against one clipped by hand)."""
+"""Launches that several test files read: the probed runs (one `train` launch per backend
+under tests/backends/sync_probe.py, read by tests/backends/test_host_syncs.py for host
+syncs and collectives per step and tests/backends/test_clipping.py for the first step
+against one clipped by hand) and the shared-layers runs with gradient accumulation (read
+by tests/backends/test_sharing.py and tests/backends/test_accumulation.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests import launch
-from tests.backends.runs import RUNS, batch_flag
+from tests.backends.runs import GA, RUNS, SHARED, Run, batch_flag
 from tests.conftest import TINY_DALLE_FLAGS, build_once
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,4 +53,28 @@ def probed_run(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory
             text = launch.output(result)
             assert result.returncode == 0, text[-4000:]
         return build_once(tmp_path_factory, f"probed-{name}", build)
+    return get
+
+
+@pytest.fixture(scope="session")
+def shared_ga_run(trained: Callable[..., Run], tmp_path_factory: pytest.TempPathFactory
+                  ) -> Callable[[str], Run]:
+    """backend name or "single" -> its `trained` run with SHARED and --ga_steps 4: one
+    launch per backend read by tests/backends/test_sharing.py and
+    tests/backends/test_accumulation.py, against trained("single", "fp32", *SHARED).
+
+    ZeRO-3 runs with stage3_param_persistence_threshold 0, so that even this tiny model's
+    parameters are partitioned and gathered (by default those under 1e5 elements stay
+    whole and the run would not reach ZeRO-3's gathering at all)."""
+    def write(folder: Path) -> None:
+        config = {"zero_optimization": {"stage3_param_persistence_threshold": 0}}
+        (folder / "partition_all.json").write_text(json.dumps(config))
+
+    partition_all = build_once(tmp_path_factory, "zero3_partition_all", write)
+
+    def get(name: str) -> Run:
+        extra = (*SHARED, *GA)
+        if name == "deepspeed-zero3":
+            extra = (*extra, "--deepspeed_config", str(partition_all / "partition_all.json"))
+        return trained(name, "fp32", *extra)
     return get

@@ -32,6 +32,12 @@ RUNS: dict[str, tuple[Launcher, list[str]]] = {
     "horovod": (launch.horovodrun, ["--distributed_backend", "horovod"]),
 }
 SHARDED = {"fsdp", "deepspeed-zero3"}
+#: Attention and feed-forward shared by layers 0 and 2, embeddings tied to the output
+#: projection, every block checkpointed (tests/backends/test_sharing.py says why each).
+SHARED = ("--depth", "3", "--shared_attn_ids", "0,1,0", "--shared_ff_ids", "f,g,f",
+          "--share_input_output_emb", "--reversible")
+#: 4 micro-batches per optimizer step (tests/backends/test_accumulation.py).
+GA = ("--ga_steps", "4")
 
 
 @dataclass

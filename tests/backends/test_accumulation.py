@@ -1,11 +1,15 @@
 """--ga_steps on every backend: an optimizer step of 4 micro-batches equals one of the whole
 batch.
 
-With the same global batch (16: 2 ranks x 4 micro-batches x 2 samples against 2 ranks x 8),
-each step sees the same 16 samples (one DistributedSampler; a rank's micro-batches are
-consecutive slices of its share), so after 5 steps the weights must agree with the
---ga_steps 1 run of the same backend to the tolerances of the rank-equivalence tests, and
-so must every step's loss and pre-clip gradient norm.
+With the same global batch (16: 2 ranks x 4 micro-batches x 2 samples against 1 process x
+16), each step sees the same 16 samples (one DistributedSampler; a rank's micro-batches
+are consecutive slices of its share), so after 5 steps the weights must agree with the
+one-process --ga_steps 1 run to the tolerances of the rank-equivalence tests, and so must
+every step's loss and pre-clip gradient norm.
+
+The runs are tests/backends/test_sharing.py's (shared layers, tied embeddings, every block
+checkpointed; tests/backends/conftest.py, shared_ga_run): one launch per backend proves
+both, and a shared module's gradient must add up over the micro-batches as well.
 
 What would fail:
 - a micro-batch's loss not divided by --ga_steps: the gradient and its logged norm are 4x
@@ -25,6 +29,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.backends.runs import (
+    SHARED,
     STEPS,
     Run,
     assert_ranks_consistent,
@@ -32,13 +37,12 @@ from tests.backends.runs import (
     assert_weights_close,
 )
 
-GA = ["--ga_steps", "4"]
 
-
-@pytest.mark.parametrize("name", ["single", "torch", "fsdp", "deepspeed-zero2",
-                                  "deepspeed-zero3", "horovod"])
-def test_ga_steps_4_equals_one_batch(name: str, trained: Callable[..., Run]) -> None:
-    reference, run = trained(name, "fp32"), trained(name, "fp32", *GA)
+@pytest.mark.parametrize("name", ["single", "torch", "fsdp", "deepspeed-zero1",
+                                  "deepspeed-zero2", "deepspeed-zero3", "horovod"])
+def test_ga_steps_4_equals_one_batch(name: str, trained: Callable[..., Run],
+                                     shared_ga_run: Callable[[str], Run]) -> None:
+    reference, run = trained("single", "fp32", *SHARED), shared_ga_run(name)
     if name != "single":
         assert_ranks_consistent(name, run.text)
         assert "global batch 16 = 2 per rank x 4 micro-batches x 2 ranks" in run.text

@@ -1,10 +1,13 @@
 """Shared layers, tied embeddings and activation checkpointing on every backend: one launch
-per backend (the `trained` fixture) against the one-process run with the same flags.
+per backend against the one-process run of the same model.
 
 Three layers: attention and feed-forward shared between layers 0 and 2 (`--shared_attn_ids
 0,1,0 --shared_ff_ids f,g,f`), so FSDP must shard blocks 0 and 2 as one unit apart from
 block 1; embeddings tied to the output projection; every block checkpointed
-(`--reversible`, DALLE-pytorch's spelling). Each launch checks:
+(`--reversible`, DALLE-pytorch's spelling). The launches also accumulate 4 micro-batches
+per step (--ga_steps 4), so tests/backends/test_accumulation.py reads the same runs
+(tests/backends/conftest.py, shared_ga_run): a shared module or a tie must also hold
+its gradient across the micro-batches of a step. Each launch checks:
 
 - the weights and every step's gradient norm equal the one-process run's (a shared module
   whose gradient is reduced once per use, or a tie that trains two copies, would not);
@@ -21,14 +24,11 @@ stages: the tie reading a view of `to_logits.weight` taken at construction (grad
 (`named_parameters(remove_duplicate=False)`: DeepSpeed refuses the duplicate and the
 launch fails).
 
-ZeRO-3 runs with stage3_param_persistence_threshold 0, so that even this tiny model's
-parameters are partitioned and gathered (by default those under 1e5 elements stay whole
-and the check would not reach ZeRO-3's gathering at all).
+ZeRO-3 partitions every parameter here (shared_ga_run's config), however small.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +45,7 @@ from tests import launch
 from tests.backends.runs import (
     BATCH,
     COMMON,
+    SHARED,
     STEPS,
     Run,
     assert_ranks_consistent,
@@ -52,16 +53,6 @@ from tests.backends.runs import (
     assert_weights_close,
 )
 from tests.conftest import run_cli
-
-SHARED = ("--depth", "3", "--shared_attn_ids", "0,1,0", "--shared_ff_ids", "f,g,f",
-          "--share_input_output_emb", "--reversible")
-
-
-@pytest.fixture(scope="module")
-def zero3_partitions_all(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("ds_config") / "partition_all.json"
-    path.write_text(json.dumps({"zero_optimization": {"stage3_param_persistence_threshold": 0}}))
-    return str(path)
 
 
 def logged_parameters(text: str) -> float:
@@ -73,11 +64,8 @@ def logged_parameters(text: str) -> float:
 @pytest.mark.parametrize("name", ["torch", "fsdp", "deepspeed-zero1", "deepspeed-zero2",
                                   "deepspeed-zero3", "horovod"])
 def test_shared_tied_checkpointed_two_ranks_equal_one_process(
-        name: str, trained: Callable[..., Run], zero3_partitions_all: str) -> None:
-    extra = SHARED
-    if name == "deepspeed-zero3":
-        extra = (*SHARED, "--deepspeed_config", zero3_partitions_all)
-    single, run = trained("single", "fp32", *SHARED), trained(name, "fp32", *extra)
+        name: str, trained: Callable[..., Run], shared_ga_run: Callable[[str], Run]) -> None:
+    single, run = trained("single", "fp32", *SHARED), shared_ga_run(name)
     assert_ranks_consistent(name, run.text)
     assert_same_norms(run.grad_norms, single.grad_norms)
     assert_weights_close(run.payload["weights"], single.payload["weights"])
