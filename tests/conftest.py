@@ -99,6 +99,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=_queue_place)
 
 
+@pytest.hookimpl(optionalhook=True)  # (`-p no:xdist` runs the suite without it)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """xdist's scheduling by scope, with these scopes: the ONE_AT_A_TIME files together,
     every other test file on its own (its module-scoped fixtures are then set up once, on
@@ -291,10 +292,18 @@ BUILD_TIMEOUT_S = 540
 
 
 @pytest.fixture(scope="session", autouse=True)
-def deepspeed_cpu_ops() -> Iterator[None]:
+def deepspeed_cpu_ops(request: pytest.FixtureRequest
+                      ) -> Iterator[subprocess.Popen[bytes] | None]:
     """DeepSpeed on CPU compiles its shared-memory comm op on first use (1-3 minutes on two
-    cores, once per venv): build it once here, so no launch's timeout absorbs the compile,
-    and clear locks that a killed build left behind."""
+    cores, once per venv): start that build here, in the background, and clear locks that
+    a killed build left behind. The 2-rank launch files wait for it (launches_wait_for_
+    deepspeed_ops), so no launch's timeout absorbs the compile; the other tests run beside
+    it (a DeepSpeed process of theirs started meanwhile waits on torch's build lock). A
+    run without launch files (make test-quick) builds nothing."""
+    started = time.time()
+    if not any(_test_file(item.nodeid) in RANK_FILES for item in request.session.items):
+        yield None
+        return
     cache = Path(os.environ["TORCH_EXTENSIONS_DIR"])
     for lock in cache.glob("*/lock"):
         if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
@@ -304,16 +313,33 @@ def deepspeed_cpu_ops() -> Iterator[None]:
             "    from deepspeed.accelerator import get_accelerator\n"
             "    builder = get_accelerator().create_op_builder('ShareMemCommBuilder')\n"
             "    builder is None or builder.load()\n")
-    try:
-        subprocess.run([sys.executable, "-c", code], timeout=BUILD_TIMEOUT_S, check=True)
+    build = subprocess.Popen([sys.executable, "-c", code])
+    yield build
+    try:  # a build cut short here would leave its lock for the next run to wait on
+        build.wait(timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        locks = [str(lock) for lock in cache.glob("*/lock")]
-        pytest.fail(f"DeepSpeed's CPU op did not build in {BUILD_TIMEOUT_S} s; "
-                    f"locks left in {cache}: {locks or 'none'}")
-    started = time.time()
-    yield
+        build.kill()
     # Ranks killed by the tests cannot remove their DeepSpeed shared-memory buffers.
     for leftover in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*"):
         if leftover.stat().st_mtime >= started:
             leftover.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def launches_wait_for_deepspeed_ops(request: pytest.FixtureRequest,
+                                    deepspeed_cpu_ops: subprocess.Popen[bytes] | None) -> None:
+    """A launch file's module fixtures and tests start once DeepSpeed's op is built (module
+    scope: autouse fixtures set up before the module's own)."""
+    if deepspeed_cpu_ops is None or _test_file(request.node.nodeid) not in RANK_FILES:
+        return
+    try:
+        deepspeed_cpu_ops.wait(timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        cache = Path(os.environ["TORCH_EXTENSIONS_DIR"])
+        locks = [str(lock) for lock in cache.glob("*/lock")]
+        pytest.fail(f"DeepSpeed's CPU op did not build in {BUILD_TIMEOUT_S} s; "
+                    f"locks left in {cache}: {locks or 'none'}")
+    if deepspeed_cpu_ops.returncode != 0:
+        pytest.fail(f"DeepSpeed's CPU op build failed (exit {deepspeed_cpu_ops.returncode}; "
+                    "its output is above)")
 
