@@ -62,12 +62,14 @@ test-quick: $(ENGINES)
 bench: $(BASE)
 	$(BIN)/python bench/train_step.py
 
-# The acceptance run for a GPU machine: one PASS / FAIL / "not run" line per check, the
-# report in $(GPU_CHECK_OUT), exit status 1 when a check fails; at most 8 minutes on one GPU.
-# Without a GPU it runs the CPU checks (its --quick form is part of `make test`). On a GPU
-# machine put the CUDA build of torch into .venv first (README: "GPU acceptance run").
+# The acceptance run for a GPU machine: `dalle-dist selftest`, the installed command a
+# pip-installed user runs too (src/dalle_dist/selftest). One PASS / FAIL / "not run" line per
+# check, the report in $(GPU_CHECK_OUT), exit status 1 when a check fails; at most 8 minutes
+# on one GPU. Without a GPU it runs the CPU checks (its --device cpu --quick form is part of
+# `make test`: tests/test_selftest.py). On a GPU machine put the CUDA build of torch into
+# .venv first (docs/gpu.md, "On a GPU machine").
 gpu-check: $(DEEPSPEED)
-	$(BIN)/python bench/gpu_acceptance.py --out $(GPU_CHECK_OUT)
+	$(BIN)/dalle-dist selftest --out $(GPU_CHECK_OUT)
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .ruff_cache $(GPU_CHECK_OUT)
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .ruff_cache $(GPU_CHECK_OUT) selftest.json

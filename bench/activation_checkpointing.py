@@ -2,7 +2,7 @@
 
 A demo-sized DALL-E (train's defaults: dim 128, depth 4, 48 text + 64 image tokens, batch
 32, fp32 on the CPU) and a longer-sequence one (256 image tokens, batch 8). Memory: each
-mode in a fresh process, measured as bench/plan_check.py measures (peak resident set of a
+mode in a fresh process, measured as tests/accuracy/plan_check.py measures (peak resident set of a
 third training step above the process before the model, glibc returning every large
 block at once), beside `plan`'s estimate for the same flags. Time: median of training
 steps (forward, backward, Adam) of both modes in this process, alternating.
@@ -19,9 +19,11 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests/
 
 from common import emit, median, set_threads
-from plan_check import Case, run_case
+
+from tests.accuracy.plan_check import Case, run_case
 
 CASES = (
     Case("demo-fp32-b32", batch=32),

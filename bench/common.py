@@ -55,36 +55,3 @@ def emit(result: dict[str, Any]) -> None:
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
 
-
-#: The dtypes whose matmul peak MFU is measured against; "tf32" is fp32 with TF32 tensor
-#: cores (what fp32 training runs in on CUDA when TF32 is on).
-PEAK_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
-               "fp16": torch.float16}
-
-
-def device_matmul_peak(device: torch.device, name: str, size: int, repeats: int = 5,
-                       inner: int = 1) -> float:
-    """Best FLOP/s of `inner` square matmuls of side `size` in PEAK_DTYPES[name] on
-    `device`: the practical peak training's MFU is held against. On CUDA each timing is
-    fenced by synchronize (an idle GPU; nothing else queued)."""
-    dtype = PEAK_DTYPES[name]
-    cuda = device.type == "cuda"
-    saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if name == "tf32" else "highest")
-    try:
-        a = torch.randn(size, size, device=device).to(dtype)
-        b = torch.randn(size, size, device=device).to(dtype)
-        best = float("inf")
-        for attempt in range(repeats + 2):
-            if cuda:
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            for _ in range(inner):
-                a @ b
-            if cuda:
-                torch.cuda.synchronize(device)
-            if attempt >= 2:  # the first two warm the kernels and the allocator
-                best = min(best, time.perf_counter() - start)
-    finally:
-        torch.set_float32_matmul_precision(saved)
-    return 2 * size**3 * inner / best

@@ -1,13 +1,14 @@
 """How long `dalle-dist doctor` takes on a long log (the issue asks: 200k lines in seconds).
 
-Builds a log the way long multi-rank runs write them: DeepSpeed step and timer lines under
-its logger prefix, tqdm bars, `[rankN]:` prefixed NCCL INFO lines, warm-up OVERFLOW lines,
-then one rank's CUDA OOM traceback and the other ranks' watchdog timeouts at the end. Every
-line differs, as in real runs, in its numbers (steps, times, ranks); doctor's substring
-prefilter reads distinct lines with digits folded, so such a log costs little more than
-splitting it. `--distinct` also appends a different hex word to every line (a log whose
-lines differ in letters too, e.g. run ids or file hashes): the worst case, where the
-whole text is scanned for each literal the log's distinct words do not rule out first.
+Builds a log the way long multi-rank runs write them (tests/diagnose/long_log.py:
+DeepSpeed step and timer lines under its logger prefix, tqdm bars, `[rankN]:` prefixed NCCL
+INFO lines, warm-up OVERFLOW lines, then one rank's CUDA OOM traceback and the other ranks'
+watchdog timeouts at the end). Every line differs, as in real runs, in its numbers (steps,
+times, ranks); doctor's substring prefilter reads distinct lines with digits folded, so
+such a log costs little more than splitting it. `--distinct` also appends a different hex
+word to every line (a log whose lines differ in letters too, e.g. run ids or file hashes):
+the worst case, where the whole text is scanned for each literal the log's distinct words
+do not rule out first.
 Times diagnose() on it (best of --repeats) and prints JSON: lines, megabytes, seconds,
 lines per second, and the category found (cuda-oom expected: the bench also checks
 doctor still reads the failure at the end of a long log). To compare two versions in one
@@ -18,52 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
-from dalle_dist.diagnose.doctor import diagnose
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests/
 
-
-def long_log(lines: int, distinct: bool = False) -> str:
-    out: list[str] = []
-    for i in range(lines - 12):
-        kind = i % 5
-        if kind == 0:
-            out.append(f"[2026-03-01 12:{i // 6000 % 60:02d}:{i // 100 % 60:02d},{i % 1000:03d}] "
-                       f"[INFO] [logging.py:128:log_dist] [Rank 0] step={i}, skipped=3, "
-                       f"lr=[0.0003], mom=[(0.9, 0.999)]")
-        elif kind == 1:
-            out.append(f"[rank{i % 8}]:node{i % 4}:{1000 + i % 97}:{2000 + i % 89} [{i % 8}] "
-                       f"NCCL INFO Channel {i % 32:02d}/0 : {i % 8}[{i % 8}] -> "
-                       f"{(i + 1) % 8}[{(i + 1) % 8}] via P2P/IPC/read")
-        elif kind == 2:
-            out.append(f"DALL-E epoch {i // 20000}:  {i % 100:2d}%|####      | {i}/{lines} "
-                       f"[01:{i % 60:02d}<02:10, 7.{i % 10}it/s, loss={5 + (i % 997) / 1000:.3f}]")
-        elif kind == 3:
-            out.append(f"[2026-03-01 12:00:{i % 60:02d},{i % 1000:03d}] [INFO] "
-                       f"[timer.py:264:stop] epoch=0/micro_step={i}/global_step={i}, "
-                       f"RunningAvgSamplesPerSec={100 + i % 13}.5, "
-                       f"CurrSamplesPerSec={99 + i % 7}.1")
-        elif i < 60:
-            scale = 2 ** (16 - i // 5)
-            out.append(f"[2026-03-01 12:00:00,{i:03d}] [INFO] [loss_scaler.py:183:update_scale] "
-                       f"[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: "
-                       f"{scale}, reducing to {scale // 2}")
-        else:
-            out.append(f"  batch {i}: tokens {i * 256} images {i * 4} text_len 256")
-        if distinct:
-            out[-1] += f" id={i * 2654435761 % 2**32:08x}"
-    out += [
-        "[rank0]: Traceback (most recent call last):",
-        '[rank0]:   File "/opt/dalle_dist/train/loop.py", line 212, in optimizer_step',
-        "[rank0]:     loss.backward()",
-        "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 768.00 MiB. "
-        "GPU 0 has a total capacity of 39.39 GiB of which 412.19 MiB is free.",
-    ]
-    out += [f"[rank{r}]:[E301 12:31:07.123 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog "
-            f"caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran "
-            f"for 600001 milliseconds before timing out." for r in range(1, 8)]
-    out.append("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:")
-    return "\n".join(out) + "\n"
+from dalle_dist.doctor.diagnosis import diagnose
+from tests.diagnose.long_log import long_log
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, median, set_threads
 
-from dalle_dist.backends.precision import PRECISION_KINDS
+from dalle_dist.backends.precision_kinds import PRECISION_KINDS
 from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
 from dalle_dist.model.decoding import StaticDecoder
 

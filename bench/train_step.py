@@ -5,7 +5,8 @@ text_seq_len 32, 1000 text tokens; VAE image_size 64, num_layers 2, num_tokens 5
 (16x16 = 256 image tokens); batch 8, fp32, 2 threads. A step = VAE encoding of the batch
 (no grad, as DALLE-pytorch does inside forward) + forward + backward + clip + Adam step.
 
-MFU counts the matmul FLOPs of the transformer and the output projection only:
+MFU counts the matmul FLOPs of the transformer and the output projection only
+(dalle_dist.selftest.mfu.training_flops_per_step, which `dalle-dist selftest` uses too):
   per token and layer, forward: 2 * (4*d*inner + 3*ff_mult*d*d)      (qkv + out; GEGLU in/out)
                                 + 2 * 2 * n * inner                  (QK^T and AV over n keys)
   per token, forward, logits:   2 * d * vocab_of_its_position
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, matmul_peak_flops, median, peak_rss_mb, set_threads, time_steps
 
 from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
+from dalle_dist.selftest.mfu import training_flops_per_step
 from dalle_dist.train.optim import make_adam
 
 #: lucidrains/DALLE-pytorch 1.6.6 on this machine, same config (256 image tokens), per
@@ -31,18 +33,6 @@ from dalle_dist.train.optim import make_adam
 #: which DeepSpeed >= 0.19.7 no longer has).
 REFERENCE_SAMPLES_PER_S = {"full": 13.4, "axial_row": 14.5, "axial_col": 14.9,
                            "conv_like": 5.5}
-
-
-def training_flops_per_step(cfg: DALLEConfig, batch: int) -> float:
-    inner = cfg.heads * cfg.dim_head
-    n = cfg.text_seq_len + cfg.image_seq_len  # sequence length fed to the transformer
-    per_token_layer = 2 * (4 * cfg.dim * inner + 3 * cfg.ff_mult * cfg.dim * cfg.dim)
-    per_token_layer += 2 * 2 * n * inner
-    text_vocab = cfg.num_text_tokens + cfg.text_seq_len
-    logits = 2 * cfg.dim * (cfg.text_seq_len * text_vocab + cfg.image_seq_len
-                            * cfg.num_image_tokens)
-    forward = batch * (n * cfg.depth * per_token_layer + logits)
-    return 3.0 * forward
 
 
 def main() -> None:

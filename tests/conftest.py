@@ -50,7 +50,7 @@ RANK_FILES = frozenset(f"tests/{name}.py" for name in (
     "backends/test_accumulation", "backends/test_equivalence", "backends/test_precision",
     "backends/test_cross_resume", "backends/test_sharing", "backends/test_clipping",
     "backends/test_host_syncs", "backends/test_errors", "backends/test_fp16_agreement",
-    "backends/test_node_local_files", "backends/test_multinode", "test_gpu_acceptance",
+    "backends/test_node_local_files", "backends/test_multinode", "test_selftest",
 ))
 #: The longest of them, and those that time a wait (a hung peer, a run stopped after step
 #: k): under pytest-xdist (`make test`) one worker runs them first and in this order, so
@@ -143,7 +143,7 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
 
 
 def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
-    """DESIGN.md's contract: exit 2, exactly one line `error: ...` on stderr, no traceback.
+    """docs/design.md's contract: exit 2, exactly one line `error: ...` on stderr, no traceback.
 
     The line also goes through `dalle-dist doctor` (tests/diagnose/own_errors.py): a
     reworded message that doctor no longer recognises fails here, in the test that printed it.

@@ -4,7 +4,7 @@
 - each layer's activation bytes are what autograd saves (saved-tensor hooks), exactly,
   for every path `--attn_impl auto` takes on CPU;
 - the `single` row's peak is within 25% of the measured peak RSS of CPU training steps
-  (bench/plan_check.py --quick, four configs, one checkpointed, about 25 s);
+  (tests/accuracy/plan_check.py --quick, four configs, one checkpointed, about 25 s);
 - the rows, the recommendation, --gpu_memory parsing and the command's output and errors.
 """
 
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dalle_dist.diagnose import plan
+from dalle_dist import plan
+from dalle_dist.errors import ConfigError
 from dalle_dist.model import ATTN_IMPLS, DALLE, PATTERNS, DALLEConfig, DiscreteVAE, VAEConfig
 from dalle_dist.model.attention import CONV_GATHER_MIN_SIDE, resolve_impl
 from dalle_dist.model.patterns import SequenceLayout, SparsePattern, build_pattern
@@ -160,9 +161,9 @@ def test_estimate_is_within_25_percent_of_measured_cpu_peaks() -> None:
     one with every block checkpointed (measured 0.40 x the unchecked peak; an estimate
     that ignored checkpointing would be 2.6 x too high and fail)."""
     # Linux only, like the project: /proc resets and reads the peak resident set.
-    assert Path("/proc/self/clear_refs").exists(), "bench/plan_check.py needs Linux /proc"
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "plan_check.py"), "--quick"],
-                         capture_output=True, text=True, timeout=400, check=True)
+    assert Path("/proc/self/clear_refs").exists(), "plan_check needs Linux /proc"
+    out = subprocess.run([sys.executable, "-m", "tests.accuracy.plan_check", "--quick"],
+                         capture_output=True, text=True, timeout=400, check=True, cwd=ROOT)
     results = json.loads(out.stdout)["results"]
     assert len(results) == 4 and results[-1]["checkpointing"]  # --activation_checkpointing
     for r in results:
@@ -263,14 +264,14 @@ def test_parse_memory(text: str, expected: int) -> None:
 
 @pytest.mark.parametrize("text", ["80", "abc", "0GB", "80XB", "GB", "-4GB"])
 def test_parse_memory_refuses(text: str) -> None:
-    with pytest.raises(plan.ConfigError, match="--gpu_memory"):
+    with pytest.raises(ConfigError, match="--gpu_memory"):
         plan.parse_memory(text)
 
 
 def test_plan_module_imports_no_engine() -> None:
     """plan reads the backend registry (and builds models on the meta device with torch),
     but never imports an optional engine to do it."""
-    code = ("import sys, dalle_dist.diagnose.plan; "
+    code = ("import sys, dalle_dist.plan; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & "
             "{'deepspeed', 'horovod', 'apex'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

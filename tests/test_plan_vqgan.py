@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from dalle_dist import plan
 from dalle_dist.checkpoint.taming import read_vqgan_config
-from dalle_dist.diagnose import plan
-from dalle_dist.diagnose.plan_vqgan import encode_bytes, vqgan_encode_bytes, with_vqgan
 from dalle_dist.model import DALLEConfig, DiscreteVAE, VAEConfig
 from dalle_dist.model.vqgan import VQGAN
+from dalle_dist.plan.vqgan import encode_bytes, vqgan_encode_bytes, with_vqgan
 from tests.conftest import assert_user_error
 from tests.test_plan import plan_main
 
@@ -65,7 +65,7 @@ def test_plan_counts_the_vqgan_and_its_encode(capsys: pytest.CaptureFixture[str]
 def test_encode_bytes_reproduce_the_vaes_measured_model(device: str) -> None:
     """The meta-device count (every allocation alive until its last reference, plus
     oneDNN's reorder per conv on CPU) equals plan's hand model of a DiscreteVAE's encode,
-    which bench/plan_check.py checks against real CPU peaks, for three VAE shapes.
+    which tests/accuracy/plan_check.py checks against real CPU peaks, for three VAE shapes.
     Bugs seen failing: tensors never freed (the sum of all allocations, 2.1 x the widest
     moment); the CPU reorder copy left out (the cpu case, 10% low)."""
     for v in (VAEConfig(), VAEConfig(image_size=64, num_layers=2, num_resnet_blocks=1),
@@ -92,7 +92,7 @@ def test_a_large_vqgans_encode_sets_the_peak(tmp_path: Path) -> None:
     assert 70e6 < weights < 80e6  # the encoder, decoder and codebook (no discriminator)
     dalle = DALLEConfig(num_text_tokens=257, text_seq_len=16, num_image_tokens=16384,
                         image_fmap_size=16, dim=64, depth=1, heads=2, dim_head=32)
-    from dalle_dist.diagnose.plan_vqgan import stand_in_vae
+    from dalle_dist.plan.vqgan import stand_in_vae
 
     stand_in = stand_in_vae(config)
     rows = with_vqgan(plan.estimate(dalle, 4, 2, vae=stand_in, precisions=("bf16",)),

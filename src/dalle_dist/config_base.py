@@ -39,6 +39,7 @@ class Flag:
     #: extra switches that set one value: {"--fp16": "fp16"} beside --precision
     shortcuts: tuple[tuple[str, Any], ...] = ()
     group: str | None = None  # argument group title; None: the caller's group
+    required: bool = False  # the command cannot run without it (generate's --dalle_path)
 
     def option_strings(self, field_name: str) -> list[str]:
         return [self.name or f"--{field_name}", *self.aliases]
@@ -127,8 +128,11 @@ def add_flags(parser: argparse._ActionsContainer, config: type | Any, *,
             if spec.metavar or spec.choices is None:
                 # argparse would show the dest: --emb_dim CODEBOOK_DIM
                 kwargs["metavar"] = spec.metavar or options[0].lstrip("-").upper()
-            shown = (spec.default_text or f"default {_shown(default)}").replace("%", "%%")
+            shown = ("required" if spec.required else
+                     spec.default_text or f"default {_shown(default)}").replace("%", "%%")
             kwargs["help"] = f"{text} ({shown})" if text else shown
+            if spec.required:
+                kwargs["required"] = True
         target.add_argument(*options, **kwargs)
         for switch, value in spec.shortcuts:
             target.add_argument(switch, action="store_const", const=value, dest=name,
@@ -156,3 +160,11 @@ class DictConfig:
     def from_dict(cls: type[T], values: dict[str, Any]) -> T:
         known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+@dataclass(frozen=True)
+class JsonOutput:
+    """--json, the same switch on every command that reports (check, doctor, plan,
+    checkpoint inspect); each command's help says what its object holds."""
+
+    json: bool = option(False, "print one JSON object instead of text")

@@ -1,7 +1,7 @@
 """Exceptions that carry a message written for the user.
 
 Library code raises these; only the CLI turns them into `error: ...` and exit status 2
-(DESIGN.md, "Errors"). Anything else that escapes is a bug in dalle_dist and keeps its
+(docs/design.md, "Errors"). Anything else that escapes is a bug in dalle_dist and keeps its
 traceback.
 """
 

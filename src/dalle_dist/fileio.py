@@ -1,4 +1,4 @@
-"""Writing files so that a crash never leaves one half-written (DESIGN.md, "Errors"), and
+"""Writing files so that a crash never leaves one half-written (docs/design.md, "Errors"), and
 keeping an optional engine's own output off our file descriptors."""
 
 from __future__ import annotations

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from dalle_dist.backends.precision import DEFAULT_PRECISION, PRECISION_KINDS, PRECISIONS
+from dalle_dist.backends.precision_kinds import DEFAULT_PRECISION, PRECISION_KINDS, PRECISIONS
 from dalle_dist.checkpoint.load import dalle_parts, load_checkpoint
 from dalle_dist.checkpoint.taming import GENERATE_FIX, TamingConfig, check_carried_vqgan
 from dalle_dist.config_base import option
@@ -29,7 +29,9 @@ class GenerateConfig:
     batch_size: int = option(16, "images sampled at once")
     #: DALLE-pytorch's filter_thres
     top_k: float = option(0.9, "filter threshold: keep the best (1 - top_k) of image tokens")
-    temperature: float = option(1.0, "")
+    temperature: float = option(
+        1.0, "sampling temperature: below 1 sharpens the token distribution, above 1 "
+        "flattens it")
     seed: int | None = option(None, "for repeatable samples", default_text="default: random")
     truncate_captions: bool = option(
         False, "cut prompts longer than the model's text length instead of stopping")
@@ -40,12 +42,12 @@ class GenerateConfig:
     compile: bool = option(
         False, "compile the decode step: torch.compile on CPU, CUDA graphs (mode "
                "reduce-overhead) on CUDA; same images, faster once compiled (compiling "
-               "takes seconds to a minute, once per batch size)")
+               "takes a while, once per batch size: worth it for many images)")
     precision: str = option(
         DEFAULT_PRECISION, "the DALL-E's weights while sampling. bf16 and fp16 halve the "
-        "bytes each decode step reads, which bounds sampling at small batches (fp16 at "
-        "--batch_size 1 sampled about 2x faster than fp32 on a 2-core CPU, but slower at 16, "
-        "where a CPU without fp16 arithmetic is compute-bound); the images may differ from "
+        "bytes each decode step reads, which bounds sampling at small batches (on a CPU "
+        "without fp16 arithmetic, larger batches are compute-bound and fp16 can be slower "
+        "than fp32 there); the images may differ from "
         "fp32's by rounding. The VAE decodes in fp32", choices=PRECISIONS)
     gentxt: bool = option(
         False, "complete each prompt with the model's own text predictions first (sampled "
@@ -75,6 +77,36 @@ class GenerateConfig:
         if not verdict.usable:
             raise ConfigError(f"--precision {self.precision}: {verdict.reason}", verdict.fix)
         return kind.dtype
+
+
+@dataclass(frozen=True)
+class PromptsConfig:
+    """What `generate` samples from, for which prompts, and where the images go."""
+
+    dalle_path: str = option(
+        "", "DALL-E checkpoint: a file, a DeepSpeed checkpoint directory or a safetensors "
+        "export (dalle-dist checkpoint export)", metavar="PATH", required=True)
+    text: str = option(
+        "", 'prompt(s), "|" between prompts, e.g. "a small red circle on the left|a large '
+        'blue square at the top"', required=True)
+    outputs_dir: str = option(
+        "outputs", "folder that receives one sub-folder of PNGs and a grid.png per prompt",
+        metavar="DIR")
+
+
+@dataclass(frozen=True)
+class GenerateJob:
+    """Everything `dalle-dist generate` reads (as train.job.TrainJob for `train`)."""
+
+    prompts: PromptsConfig
+    sampling: GenerateConfig = field(default_factory=lambda: GenerateConfig())
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    taming: TamingConfig = field(default_factory=TamingConfig)
+    device: str | None = None  # --device (DistributedConfig's flag); None: a GPU if any
+
+    def validate(self) -> None:
+        self.sampling.validate()
+        self.taming.validate(GENERATE_FIX)
 
 
 @dataclass

@@ -169,8 +169,8 @@ def wrap_horovod() -> None:
 
 def wrap_loop() -> None:
     """Step boundaries (RunLog) and accumulation phases (Engine.micro_batch)."""
-    from dalle_dist.backends.base import Engine
     from dalle_dist.backends.deepspeed import DeepSpeedEngine
+    from dalle_dist.backends.engine import Engine
     from dalle_dist.train.run_log import RunLog
 
     start, progress, end = RunLog.start_progress, RunLog.progress, RunLog.end_progress

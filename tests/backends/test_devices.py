@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dalle_dist.backends.base import rank_device
 from dalle_dist.backends.config import DistributedConfig
 from dalle_dist.backends.deepspeed import DeepSpeedBackend
 from dalle_dist.backends.fsdp import FSDPBackend
 from dalle_dist.backends.horovod import HorovodBackend
+from dalle_dist.backends.placement import rank_device
 from dalle_dist.backends.single import SingleBackend
 from dalle_dist.backends.torch_ddp import TorchBackend
 from dalle_dist.backends.torch_dist import local_ranks_from_env

@@ -1,4 +1,4 @@
-"""Backend mistakes end as DESIGN.md's one-line error with exit 2, on every rank, no hang.
+"""Backend mistakes end as docs/design.md's one-line error with exit 2, on every rank, no hang.
 
 Rank processes are started bare (torchrun's environment, no launcher in between) so each
 one's exit status and stderr can be checked; one case goes through torchrun itself to show
@@ -35,7 +35,7 @@ def snapshot(root: Path) -> set[str]:
 
 
 def assert_nothing_written(root: Path, before: set[str]) -> None:
-    """DESIGN.md's "nothing half-written": a refused run leaves no checkpoint, metrics,
+    """docs/design.md's "nothing half-written": a refused run leaves no checkpoint, metrics,
     samples or temporary file in its output folder (fails if a check ran after the first
     save, or after the metrics file was opened)."""
     after = snapshot(root)

@@ -4,7 +4,7 @@ One run per backend goes through all of it: training, SIGSTOP of one rank (a hun
 then `--resume auto` and SIGKILL of one rank (a dead peer, no --max-restarts), then
 `--resume auto` to the end. Each failure must end the surviving rank and the launcher with
 a non-zero status within --collective_timeout + 60 s, the survivor naming the wait in
-DESIGN.md's one line; the newest checkpoint must pass `checkpoint verify` and carry the
+docs/design.md's one line; the newest checkpoint must pass `checkpoint verify` and carry the
 run on. Without the bound (watch.py) the stopped peer hangs the launcher for good and the
 launch below times out; without the PeerLost conversion the dead peer ends in a traceback.
 """

@@ -1,4 +1,4 @@
-"""DESIGN.md "Errors": every user mistake ends as one `error: ... (...)` line and exit 2.
+"""docs/design.md "Errors": every user mistake ends as one `error: ... (...)` line and exit 2.
 
 Each case runs the real CLI in a fresh process (cwd = tmp_path, every output pointed into
 tmp_path) and checks the three halves of the contract: the message (one line, no traceback,

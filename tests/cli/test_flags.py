@@ -20,14 +20,18 @@ import pytest
 from dalle_dist.backends.config import DistributedConfig
 from dalle_dist.cli import build_parser
 from dalle_dist.cli.parser import subcommand_parser
-from dalle_dist.config_base import flag_fields, flag_of
+from dalle_dist.config_base import JsonOutput, flag_fields, flag_of
 from dalle_dist.data.config import DataConfig, TokenizerConfig
-from dalle_dist.generate import GenerateConfig
+from dalle_dist.generate import GenerateConfig, PromptsConfig
 from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
+from dalle_dist.plan.config import PlanConfig
+from dalle_dist.selftest.config import SelftestConfig
 from dalle_dist.train.config import (
     VAE_TRAIN_DEFAULTS,
+    DalleRun,
     ResumeConfig,
     TrainConfig,
+    VAERun,
     VAESamples,
     VAESchedule,
     ValidationConfig,
@@ -35,7 +39,8 @@ from dalle_dist.train.config import (
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "dalle_dist"
 CONFIGS = (DALLEConfig, VAEConfig, ComputeConfig, DataConfig, TokenizerConfig, TrainConfig,
-           VAESchedule, VAESamples, ResumeConfig, GenerateConfig, DistributedConfig)
+           VAESchedule, VAESamples, ResumeConfig, GenerateConfig, DistributedConfig, DalleRun,
+           VAERun, PromptsConfig, PlanConfig, JsonOutput, SelftestConfig)
 
 
 def _cli(*argv: str) -> str:
@@ -155,9 +160,7 @@ def _declared_option_strings() -> list[tuple[str, str]]:
 
 
 #: same spelling, another meaning: these judge or compare instead of configuring a run
-OTHER_MEANING = {("--precision", "cli/check_cmd.py"),  # the one to judge; None: not asked
-                 ("--precision", "cli/plan_cmd.py"),  # a comma list of precisions to compare
-                 ("--device", "cli/plan_cmd.py")}  # whose kernels activations are counted for
+OTHER_MEANING = {("--precision", "cli/check_cmd.py")}  # the one to judge; None: not asked
 
 
 @pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)

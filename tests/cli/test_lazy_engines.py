@@ -1,4 +1,4 @@
-"""DESIGN.md: `import dalle_dist` and `dalle-dist --help` never import an optional engine."""
+"""docs/design.md: `import dalle_dist` and `dalle-dist --help` never import an optional engine."""
 
 from __future__ import annotations
 

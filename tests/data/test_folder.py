@@ -232,7 +232,7 @@ def test_build_dataset_shapes_and_folder(folder: Path) -> None:
 
 
 def test_negative_shapes_seed_is_a_config_error() -> None:
-    """--shapes_seed -1 is a bad flag value: DESIGN.md wants a one-line user error before
+    """--shapes_seed -1 is a bad flag value: docs/design.md wants a one-line user error before
     training, not numpy's ValueError from the first item the loader reads."""
     with pytest.raises(ConfigError, match="--shapes_seed"):
         dataset = build_dataset(DataConfig(shapes_count=4, shapes_seed=-1), 16,

@@ -2,9 +2,9 @@
 
 tests/conftest.py's assert_user_error hands every real `error: ...` line an error-path test
 captured to check_doctor_reads(): doctor must read it without failing, never as harmless,
-and never as `unknown` when the line has DESIGN.md's `error: what (fix)` shape; for
+and never as `unknown` when the line has docs/design.md's `error: what (fix)` shape; for
 the tests listed in EXPECTED_SIGNATURE it must give the signature named there. A reworded message
-that no pattern in dalle_dist.diagnose.signatures matches any more fails the test that
+that no pattern in dalle_dist.doctor.signatures matches any more fails the test that
 printed it, instead of silently turning doctor's answer into the generic `dalle-dist-error`.
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import re
 
-from dalle_dist.diagnose.doctor import Diagnosis, diagnose
-from dalle_dist.diagnose.signatures import BENIGN, UNKNOWN
+from dalle_dist.doctor.diagnosis import Diagnosis, diagnose
+from dalle_dist.doctor.signatures import BENIGN, UNKNOWN
 
-# DESIGN.md's shape: `error: <what is wrong> (<what to do>)`.
+# docs/design.md's shape: `error: <what is wrong> (<what to do>)`.
 _WITH_FIX = re.compile(r"^error: .+ \(.+\)$")
 
 #: The signature doctor must give the error a test prints, by test (`path::function`, or

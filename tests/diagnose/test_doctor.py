@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from dalle_dist.diagnose.corpus import real_set
-from dalle_dist.diagnose.doctor import diagnose
-from dalle_dist.diagnose.signatures import BENIGN, CATEGORIES, SIGNATURES, UNKNOWN
+from dalle_dist.doctor.diagnosis import diagnose
+from dalle_dist.doctor.signatures import BENIGN, CATEGORIES, SIGNATURES, UNKNOWN
 from tests.conftest import assert_user_error, run_cli
 from tests.diagnose import own_errors
+from tests.diagnose.corpus import real_set
 
 LOGS_DIR = Path(__file__).parent / "logs"
 LOGS = sorted(LOGS_DIR.glob("*.log"))
@@ -373,7 +373,7 @@ def test_signatures_are_well_formed() -> None:
 
 
 def test_doctor_modules_import_no_torch() -> None:
-    probe = ("import sys\nfrom dalle_dist.diagnose.doctor import diagnose\n"
+    probe = ("import sys\nfrom dalle_dist.doctor.diagnosis import diagnose\n"
              "diagnose(open(sys.argv[1]).read())\n"
              f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r}))")
     log = LOGS_DIR / "cuda-oom__single-gpu-new-format.log"
@@ -507,7 +507,7 @@ def test_check_doctor_reads_accepts_generic_errors(line: str) -> None:
 
 
 def test_check_doctor_reads_refuses_an_unrecognised_design_line() -> None:
-    """A line in DESIGN.md's `error: what (fix)` shape that doctor reads as unknown (its
+    """A line in docs/design.md's `error: what (fix)` shape that doctor reads as unknown (its
     generic pattern broken) or as harmless must fail the test that printed it. doctor's
     real readings of other text stand in for the broken ones: no pattern is patched."""
     line = "error: --text is empty (give a prompt)"

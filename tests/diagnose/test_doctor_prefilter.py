@@ -2,35 +2,34 @@
 
 doctor tries a pattern only on the lines holding the pattern's rarest literal run, rules a
 run out without scanning when the log's words cannot hold it, and stops a scan once a run
-is on more lines than a rarer one (dalle_dist.diagnose.doctor._Log, _Text). These tests
-compare that with the plain reading: every pattern searched on every cleaned line.
+is on more lines than a rarer one (dalle_dist.doctor.log.Log, dalle_dist.doctor.prefilter).
+These tests compare that with the plain reading: every pattern searched on every cleaned
+line.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-from dalle_dist.diagnose.doctor import _DIGITS, _fold_digits, _Log, _patterns, _Text, _word_checks
-from dalle_dist.diagnose.signatures import SIGNATURES
+from dalle_dist.doctor.diagnosis import signature_patterns
+from dalle_dist.doctor.log import Log
+from dalle_dist.doctor.prefilter import DIGITS, Text, fold_digits, word_checks
+from dalle_dist.doctor.signatures import SIGNATURES
+from tests.diagnose.long_log import long_log
 
 HERE = Path(__file__).parent
 LOGS = sorted(HERE.glob("logs/*.log")) + sorted(HERE.glob("real/*/*.log"))
-ALL_PATTERNS = [p for order in range(len(SIGNATURES)) for group in _patterns(order)
+ALL_PATTERNS = [p for order in range(len(SIGNATURES)) for group in signature_patterns(order)
                 for p in group]
 LITERALS = sorted({lit for p in ALL_PATTERNS for lit in p.literals})
 
 
 def _long_log() -> str:
-    """bench/doctor_speed.py's log, short: many lines sharing the same common runs."""
-    sys.path.insert(0, str(HERE.parent.parent / "bench"))
-    try:
-        from doctor_speed import long_log
-    finally:
-        sys.path.pop(0)
+    """bench/doctor_speed.py's log (long_log.py), short: many lines sharing the same common
+    runs."""
     return long_log(3000, distinct=True)
 
 
@@ -42,7 +41,7 @@ def test_prefiltered_search_finds_what_a_plain_search_finds() -> None:
     for an absent run."""
     texts = [p.read_text(errors="replace") for p in LOGS] + [_long_log()]
     for text in texts:
-        log = _Log(text)
+        log = Log(text)
         cleaned = [log.clean_line(i) for i in range(log.lines)]
         for pattern in ALL_PATTERNS:
             fast = [line for line, _ in log.search(pattern)]
@@ -69,7 +68,7 @@ def test_prefilter_reads_the_plain_punctuation() -> None:
         text = path.read_text(errors="replace")
         if not text.isascii():
             continue  # already typographic: not turned back into itself
-        log, twin = _Log(text), _Log(_rich_text(text))
+        log, twin = Log(text), Log(_rich_text(text))
         assert [twin.clean_line(i) for i in range(twin.lines)] == \
             [log.clean_line(i) for i in range(log.lines)], path.name
         for pattern in ALL_PATTERNS:
@@ -89,7 +88,7 @@ def test_folding_digits_through_bytes_is_translate(text: str) -> None:
     and gives what str.translate gives: ASCII 1-9 become 0, every other character, other
     scripts' digits included, stays. Fails when the byte path folds or garbles a
     multi-byte character."""
-    assert _fold_digits(text) == text.translate(_DIGITS)
+    assert fold_digits(text) == text.translate(DIGITS)
 
 
 @pytest.mark.parametrize(("literal", "text", "may_hold"), [
@@ -112,8 +111,8 @@ def test_word_checks_rule_out_only_absent_literals(literal: str, text: str,
     whole words, a word's start, a word's end or a part of a word, as str.split() cuts
     words. Fails when a check reads a piece's bound on the wrong side or cuts words at
     other whitespace than the text's."""
-    got = _Text(text.split("\n")).may_hold(literal)
-    assert got is may_hold, _word_checks(literal)
+    got = Text(text.split("\n")).may_hold(literal)
+    assert got is may_hold, word_checks(literal)
     assert got or literal not in text
 
 
@@ -124,10 +123,10 @@ def test_word_checks_never_rule_out_a_literal_of_the_corpus() -> None:
     ruled_out = absent = 0
     for path in LOGS:
         lines = [line.lower() for line in
-                 path.read_text(errors="replace").translate(_DIGITS).split("\n")]
-        text = _Text(lines)
+                 path.read_text(errors="replace").translate(DIGITS).split("\n")]
+        text = Text(lines)
         for literal in LITERALS:
-            folded = literal.translate(_DIGITS)
+            folded = literal.translate(DIGITS)
             present = folded in text.text
             absent += not present
             if not text.may_hold(folded):

@@ -29,9 +29,10 @@ from pathlib import Path
 import pytest
 
 from dalle_dist.cli.doctor_cmd import UNKNOWN_NEXT_STEPS, run_doctor
-from dalle_dist.diagnose.corpus import SOURCE_KEYS, real_set, real_sets, score, sources
-from dalle_dist.diagnose.doctor import diagnose, normalise_punctuation
-from dalle_dist.diagnose.signatures import BENIGN, CATEGORIES, UNKNOWN
+from dalle_dist.doctor.cleaning import normalise_punctuation
+from dalle_dist.doctor.diagnosis import diagnose
+from dalle_dist.doctor.signatures import BENIGN, CATEGORIES, UNKNOWN
+from tests.diagnose.corpus import SOURCE_KEYS, real_set, real_sets, score, sources
 
 REAL = Path(__file__).parent / "real"
 #: The least accuracy each real set must reach.

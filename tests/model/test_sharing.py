@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dalle_dist.diagnose import plan
+from dalle_dist import plan
 from dalle_dist.errors import ConfigError
 from dalle_dist.model import DALLE, DALLEConfig
 from dalle_dist.train.optim import make_adam

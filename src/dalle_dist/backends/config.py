@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dalle_dist.backends.precision import AMP_PRECISION, PRECISIONS
+from dalle_dist.backends.precision_kinds import AMP_PRECISION, PRECISIONS
 from dalle_dist.backends.watch import DEFAULT_TIMEOUT_S
 from dalle_dist.config_base import DictConfig, option
 
@@ -22,11 +22,14 @@ class DistributedConfig(DictConfig):
     exist) is the registry's to fill in: this module is below the backends."""
 
     backend: str | None = option(
-        None, "", name="--distributed_backend", aliases=("--distr_backend",), metavar="NAME",
+        None, "the distributed backend that trains (dalle-dist check says which run here)",
+        name="--distributed_backend", aliases=("--distr_backend",), metavar="NAME",
         default_text="default: single", group=_BACKEND)
     deepspeed: bool = option(False, "use the deepspeed backend (as DALLE-pytorch's --deepspeed)",
                              group=_BACKEND)
-    precision: str = option(PRECISIONS[0], "", choices=PRECISIONS,
+    precision: str = option(
+        PRECISIONS[0], "numbers the step computes in: fp32, or bf16 / fp16 autocast (fp16 "
+        "with loss scaling); the optimizer updates fp32 weights", choices=PRECISIONS,
                             shortcuts=(("--fp16", AMP_PRECISION),), group=_BACKEND)
     collective_timeout: float = option(
         DEFAULT_TIMEOUT_S, "how long a rank waits for the others (a step's all-reduce, a "

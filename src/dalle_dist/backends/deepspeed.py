@@ -20,14 +20,15 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from dalle_dist.backends.base import (
+from dalle_dist.backends.engine import (
     Engine,
     OptimizerFactory,
     SchedulerFactory,
     parameter_digest,
 )
 from dalle_dist.backends.plan_terms import PlanTerms
-from dalle_dist.backends.precision import Precision, PrecisionKind
+from dalle_dist.backends.precision import Precision
+from dalle_dist.backends.precision_kinds import PrecisionKind
 from dalle_dist.backends.torch_dist import TorchDistributedBackend
 from dalle_dist.backends.verdict import Verdict, error_line, installed_version
 from dalle_dist.backends.watch import CollectiveWatch
@@ -186,7 +187,6 @@ class DeepSpeedBackend(TorchDistributedBackend):
     name = "deepspeed"
     extra = "deepspeed"
     has_native_checkpoint = True
-    list_position = 3
     launch_hint = "deepspeed --num_gpus N --module dalle_dist train --deepspeed"
     plan_terms = PlanTerms("DeepSpeed ZeRO-{stage}", cost_rank=(3, 4, 5, 7),
                            zero_stages=(0, 1, 2, 3), sharding="zero", casts_model=True)
@@ -247,7 +247,8 @@ class DeepSpeedBackend(TorchDistributedBackend):
     def shutdown(self) -> None:
         """Also remove this rank's shared-memory all-reduce buffers: DeepSpeed's CPU comm
         op creates /dev/shm/deepspeed_allreduce_buffer_*_ADDR_PORT_RANK and never unlinks
-        them (about 65 MB per rank per run, RAM that stays taken until reboot)."""
+        them (RAM that stays taken until reboot, per rank and per run; the size seen:
+        docs/benchmarks.md, "Failures and hangs")."""
         super().shutdown()
         addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
         for leftover in Path("/dev/shm").glob(

@@ -39,9 +39,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from dalle_dist.backends.base import Engine, OptimizerFactory, SchedulerFactory, parameter_digest
+from dalle_dist.backends.engine import Engine, OptimizerFactory, SchedulerFactory, parameter_digest
 from dalle_dist.backends.plan_terms import PlanTerms
-from dalle_dist.backends.precision import PRECISION_KINDS, Precision
+from dalle_dist.backends.precision import Precision
+from dalle_dist.backends.precision_kinds import PRECISION_KINDS
 from dalle_dist.backends.torch_dist import TorchDistributedBackend
 from dalle_dist.errors import DalleDistError
 
@@ -153,7 +154,6 @@ class FSDPEngine(Engine):
 
 class FSDPBackend(TorchDistributedBackend):
     name = "fsdp"
-    list_position = 2
     plan_terms = PlanTerms("FSDP", cost_rank=(6,), sharding="fully_shard")
 
     def check_same_weights(self, module: nn.Module) -> None:

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from dalle_dist.backends.base import DistributedBackend, Engine, OptimizerFactory, SchedulerFactory
+from dalle_dist.backends.contract import DistributedBackend
+from dalle_dist.backends.engine import Engine, OptimizerFactory, SchedulerFactory
 from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.torch_dist import set_cpu_threads
 from dalle_dist.backends.verdict import Verdict, error_line, installed_version
@@ -72,7 +73,6 @@ class HorovodBackend(DistributedBackend):
     extra = "horovod"
     launch_hint = ("horovodrun -np N python -m dalle_dist train --distributed_backend horovod "
                    "(Horovod 0.28.1 needs scripts/build_horovod.sh against current torch)")
-    list_position = 4
     batch_size_is_global = False
     plan_terms = PlanTerms("Horovod", cost_rank=(2,),
                            fixed_buffers=(("fusion_buffer", FUSION_BUFFER_BYTES),))

@@ -1,6 +1,6 @@
 """How a backend places the training state on each GPU, as `dalle-dist plan` counts it.
 
-A backend declares these facts next to its code; diagnose/plan.py turns them into bytes.
+A backend declares these facts next to its code; plan/rows.py turns them into bytes.
 """
 
 from __future__ import annotations

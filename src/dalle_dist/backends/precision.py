@@ -9,55 +9,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from dalle_dist.backends.verdict import Verdict
-
-
-@dataclass(frozen=True)
-class PrecisionKind:
-    """One `--precision` choice: its name, the autocast dtype (None: fp32, no autocast)
-    and whether it can train on this machine."""
-
-    name: str
-    dtype: torch.dtype | None
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes of one element it computes in (fp32's 4 without autocast)."""
-        return 4 if self.dtype is None else self.dtype.itemsize
-
-    @property
-    def loss_scaled(self) -> bool:
-        """fp16 gradients underflow without scaling; bf16 has fp32's range and needs none."""
-        return self.dtype is torch.float16
-
-    def verdict(self, cuda: bool) -> Verdict:
-        """Can it train here (on CUDA when `cuda`, else on CPU)? Backends may refuse more
-        (DistributedBackend.precision_verdict)."""
-        if self.dtype is torch.bfloat16 and cuda and not torch.cuda.is_bf16_supported():
-            return Verdict(False, "this GPU has no bf16 (compute capability below 8.0)",
-                           "use --precision fp16 (or fp32)")
-        if self.dtype is torch.float16 and not cuda:
-            return Verdict(True, "torch.autocast fp16 on CPU is slow; bf16 is the CPU choice")
-        return Verdict(True)
-
-
-#: Every precision, in the order `check`, `plan` and `--help` list them; the first is the
-#: default.
-PRECISION_KINDS: dict[str, PrecisionKind] = {kind.name: kind for kind in (
-    PrecisionKind("fp32", None),
-    PrecisionKind("bf16", torch.bfloat16),
-    PrecisionKind("fp16", torch.float16),
-)}
-PRECISIONS: tuple[str, ...] = tuple(PRECISION_KINDS)
-DEFAULT_PRECISION = PRECISIONS[0]
-#: What --amp trains in (DALLE-pytorch's --amp: Apex O1, fp16).
-AMP_PRECISION = "fp16"
+from dalle_dist.backends.precision_kinds import PRECISION_KINDS
 
 
 def apex_amp(device: torch.device) -> tuple[Any | None, str]:

@@ -1,32 +1,34 @@
-"""The backends by name, and choosing one from the flags (DESIGN.md, "Backends").
+"""The backends by name, and choosing one from the flags (docs/design.md, "Backends").
 
 Each backend class registers itself by naming itself (DistributedBackend.__init_subclass__)
-and declares its extra, launch hint, verdict and plan terms; importing the modules below is
-what registers them. Everything that lists backends reads BACKENDS; precisions are
-backends/precision.py's PRECISION_KINDS.
+and declares its extra, launch hint, verdict and plan terms; importing the modules that
+catalog.py names is what registers them. Everything that lists backends reads BACKENDS (or,
+before torch is imported, catalog.BACKEND_NAMES); precisions are
+backends/precision_kinds.py's PRECISION_KINDS.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 
 import torch
 
-# Imported to register the backends (DeepSpeed by name: --deepspeed resolves to it).
-from dalle_dist.backends import fsdp, horovod, single, torch_ddp  # noqa: F401
-from dalle_dist.backends.base import REGISTERED, DistributedBackend
+from dalle_dist.backends.catalog import BACKEND_MODULES, BACKEND_NAMES, DEFAULT_BACKEND
 from dalle_dist.backends.config import DistributedConfig
+from dalle_dist.backends.contract import REGISTERED, DistributedBackend
 from dalle_dist.backends.deepspeed import DeepSpeedBackend
-from dalle_dist.backends.precision import PRECISION_KINDS
+from dalle_dist.backends.precision_kinds import PRECISION_KINDS
 from dalle_dist.backends.verdict import Verdict
 from dalle_dist.backends.watch import DEFAULT_TIMEOUT_S
 from dalle_dist.config_base import add_flags
 from dalle_dist.errors import ConfigError
 
+for _module in BACKEND_MODULES.values():  # importing a backend's module registers it
+    importlib.import_module(f"dalle_dist.backends.{_module}")
 #: Every backend, by name, in the order `check`, `--help` and errors list them.
-BACKENDS: dict[str, type[DistributedBackend]] = dict(
-    sorted(REGISTERED.items(), key=lambda item: item[1].list_position))
-DEFAULT_BACKEND = next(iter(BACKENDS))
+BACKENDS: dict[str, type[DistributedBackend]] = {name: REGISTERED[name] for name in BACKEND_NAMES}
+assert set(BACKENDS) == set(REGISTERED), "a backend class missing from backends/catalog.py"
 
 
 def backend_verdict(name: str, cuda: bool | None = None) -> Verdict:
@@ -45,10 +47,6 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     names kept."""
     add_flags(parser, DistributedConfig, exclude=["device"],
               help={"backend": f"one of {', '.join(BACKENDS)}"})
-    # Launchers pass --local_rank=N; the deepspeed launcher puts it before the subcommand,
-    # where the top-level parser takes it. SUPPRESS keeps this copy from overwriting it.
-    parser.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int,
-                       default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def backend_name(config: DistributedConfig) -> str:

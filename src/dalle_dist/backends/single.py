@@ -7,15 +7,15 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from dalle_dist.backends.base import DistributedBackend, Engine, OptimizerFactory, SchedulerFactory
 from dalle_dist.backends.config import DistributedConfig
+from dalle_dist.backends.contract import DistributedBackend
+from dalle_dist.backends.engine import Engine, OptimizerFactory, SchedulerFactory
 from dalle_dist.backends.plan_terms import PlanTerms
-from dalle_dist.backends.precision import DEFAULT_PRECISION
+from dalle_dist.backends.precision_kinds import DEFAULT_PRECISION
 
 
 class SingleBackend(DistributedBackend):
     name = "single"
-    list_position = 0
     launch_hint = "dalle-dist train ..."
     plan_terms = PlanTerms("single GPU", cost_rank=(0,), one_gpu=True)
 

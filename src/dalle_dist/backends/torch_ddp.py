@@ -10,7 +10,7 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from dalle_dist.backends.base import Engine, OptimizerFactory, SchedulerFactory
+from dalle_dist.backends.engine import Engine, OptimizerFactory, SchedulerFactory
 from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.torch_dist import TorchDistributedBackend
 
@@ -33,7 +33,6 @@ class DDPEngine(Engine):
 
 class TorchBackend(TorchDistributedBackend):
     name = "torch"
-    list_position = 1
     # gradient_as_bucket_view is off: the buckets hold a copy of every gradient.
     plan_terms = PlanTerms("torch DDP", cost_rank=(1,), gradient_copies=("ddp_buckets",))
 

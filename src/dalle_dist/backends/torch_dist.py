@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dalle_dist.backends.base import DistributedBackend
+from dalle_dist.backends.contract import DistributedBackend
 from dalle_dist.backends.verdict import Verdict
 from dalle_dist.errors import ConfigError
 
@@ -26,7 +26,8 @@ def restart_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
 
     After `torchrun --max-restarts` restarts a group, the store can still hold the
     addresses the killed group's ranks published; gloo then dials a dead rank ("Connection
-    refused") when its peer reads the stale key first (seen in about 1 of 3 restarts).
+    refused") when its peer reads the stale key first (seen often in restart tests:
+    docs/benchmarks.md, "Failures and hangs").
     """
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")

@@ -1,4 +1,4 @@
-"""Bounded waits for the other ranks (DESIGN.md, "No silent hangs").
+"""Bounded waits for the other ranks (docs/design.md, "No silent hangs").
 
 A rank waits for the others in collectives and barriers, and inside an engine's forward,
 backward and step (DDP and Horovod all-reduce there, FSDP gathers, DeepSpeed does all of

@@ -1,4 +1,4 @@
-"""Everything about checkpoints (DESIGN.md, "Checkpoints"), below train/ and above backends/.
+"""Everything about checkpoints (docs/design.md, "Checkpoints"), below train/ and above backends/.
 
 - format: the payload's schema and version, the loop position, safe reading and writing
   of one file (pickled objects refused);

@@ -1,7 +1,7 @@
 """DeepSpeed checkpoint directories (`<name>-ds-cp/`): layout, saving, completeness and
 safe reading.
 
-Layout (DALLE-pytorch's, DESIGN.md "Checkpoints"): DeepSpeed's own tag folders
+Layout (DALLE-pytorch's, docs/design.md "Checkpoints"): DeepSpeed's own tag folders
 `global_stepN/`, the `latest` file naming the newest tag, and `auxiliary.pt` with our
 metadata and no weights. We also put a copy of the metadata inside each tag, because the
 top-level one may already describe a newer tag when a save is cut short; `latest` is

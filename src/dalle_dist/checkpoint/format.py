@@ -1,6 +1,6 @@
 """The checkpoint format: what a payload holds, and reading and writing one file safely.
 
-Layout (DESIGN.md, "Checkpoints"): format version, kind ("vae" or "dalle"), configs as
+Layout (docs/design.md, "Checkpoints"): format version, kind ("vae" or "dalle"), configs as
 plain dicts, weights, optimizer and scheduler state, the loop position (`LoopState`),
 every rank's RNG states, backend, world size and package version. A DALL-E checkpoint
 also carries its VAE (config and weights), so it alone is enough to sample.

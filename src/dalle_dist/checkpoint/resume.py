@@ -16,7 +16,7 @@ optimizer, scheduler, RNG and data position put back once the engine exists
 (`restore_training`).
 
 The train layer's configs and log reach this layer only through the protocols below
-(`OutputFiles`, `ResumeChoice`, `Log`): imports point down (DESIGN.md, "Layers").
+(`OutputFiles`, `ResumeChoice`, `Log`): imports point down (docs/design.md, "Layers").
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def check_output(path: Path, flag: str, force: bool) -> None:
 
 
 def inspect_checkpoint(path: str | Path, flag: str = "PATH") -> dict[str, Any]:
-    """What a checkpoint holds, as one JSON-ready dict (README "Checkpoint tools" lists
+    """What a checkpoint holds, as one JSON-ready dict (docs/checkpoints.md, "inspect", lists
     the keys). Reads metadata only: weights are never loaded."""
     path = Path(path)
     is_ds = is_ds_checkpoint_dir(path)

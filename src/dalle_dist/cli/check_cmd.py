@@ -2,7 +2,7 @@
 
 Exit status: 0 when the requested backend (default single) is usable at the requested
 precision (default fp32), 1 when it is not, 2 on bad arguments. Nothing is launched,
-built or installed (see dalle_dist.diagnose.environment).
+built or installed (see dalle_dist.check.environment).
 """
 
 from __future__ import annotations
@@ -11,22 +11,23 @@ import argparse
 import json
 from typing import Any
 
-from dalle_dist.backends.precision import PRECISIONS
-from dalle_dist.backends.registry import BACKENDS
+from dalle_dist.backends.catalog import BACKEND_NAMES
+from dalle_dist.backends.precision_kinds import PRECISIONS
+from dalle_dist.config_base import JsonOutput, add_flags
 
 
-def add_check(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check", help="what this machine can run: torch, devices, engines, "
-                                     "and a verdict per backend and precision",
-                       description="Report python, torch and its CUDA/ROCm build, devices, "
-                                   "process-group backends, /dev/shm, DeepSpeed, Horovod, "
-                                   "Apex, Triton and attention kernels, then a verdict per "
-                                   "backend and precision. Launches and builds nothing.")
-    p.add_argument("--backend", choices=tuple(BACKENDS), default=None,
+def add_check(p: argparse.ArgumentParser) -> None:
+    p.description = ("Report python, torch and its CUDA/ROCm build, devices, "
+                     "process-group backends, /dev/shm, DeepSpeed, Horovod, "
+                     "Apex, Triton and attention kernels, then a verdict per "
+                     "backend and precision. Launches and builds nothing.")
+    p.add_argument("--backend", choices=BACKEND_NAMES, default=None,
                    help="the backend to judge for the exit status (default single)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="the precision to judge with it (default fp32)")
-    p.add_argument("--json", action="store_true", help="one JSON object (schema in README)")
+    add_flags(p, JsonOutput,
+              help={"json": "print one JSON object instead of text (its schema: "
+                            "docs/diagnose.md)"})
     p.add_argument("--cuda-smoke", "--cuda_smoke", dest="cuda_smoke", action="store_true",
                    help="allocate and multiply one small tensor on each GPU")
     p.set_defaults(run=run_check)
@@ -136,7 +137,7 @@ def lines(info: dict[str, Any]) -> list[str]:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from dalle_dist.diagnose.environment import report
+    from dalle_dist.check.environment import report
 
     info = report(args.backend, args.precision)
     if args.cuda_smoke:

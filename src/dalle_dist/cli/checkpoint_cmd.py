@@ -9,18 +9,19 @@ from __future__ import annotations
 import argparse
 import json
 
+from dalle_dist.config_base import JsonOutput, add_flags
 
-def add_checkpoint(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("checkpoint", help="inspect, convert, verify or export a checkpoint",
-                       description="Tools for dalle_dist checkpoints: a single NAME.pt file "
-                                   "or a DeepSpeed NAME-ds-cp/ directory.")
+
+def add_checkpoint(p: argparse.ArgumentParser) -> None:
+    p.description = ("Tools for dalle_dist checkpoints: a single NAME.pt file "
+                     "or a DeepSpeed NAME-ds-cp/ directory.")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     q = actions.add_parser("inspect", help="what a checkpoint holds, without reading weights",
                            description="Print kind, configs, step, backend, sizes and "
                                        "parameter counts. Weights are not read.")
     q.add_argument("path", metavar="PATH", help="NAME.pt or NAME-ds-cp/")
-    q.add_argument("--json", action="store_true", help="print one JSON object instead")
+    add_flags(q, JsonOutput)
     q.set_defaults(run=run_inspect)
 
     q = actions.add_parser("convert", help="DeepSpeed directory -> single-file checkpoint",

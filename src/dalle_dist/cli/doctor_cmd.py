@@ -2,12 +2,12 @@
 
 Exit status: 0 when a cause was recognised (or the log holds only harmless warnings),
 1 when nothing in the log is known (category `unknown`), 2 when LOGFILE cannot be read.
-Reads the log only: the diagnosis (dalle_dist.diagnose.doctor) imports neither torch nor
+Reads the log only: the diagnosis (dalle_dist.doctor) imports neither torch nor
 any engine, so it works where they are broken (the `dalle-dist` process itself imports
 torch to build its parsers).
 
 `--json` prints one object with exactly these keys:
-    category  a category of dalle_dist.diagnose.signatures.CATEGORIES, or "benign" (only
+    category  a category of dalle_dist.doctor.signatures.CATEGORIES, or "benign" (only
               harmless warnings), or "unknown" (nothing matched)
     cause, fix, check   strings (check is one shell command)
     matches   the log lines the diagnosis rests on, in log order (at most 10)
@@ -24,6 +24,7 @@ import json
 import sys
 from pathlib import Path
 
+from dalle_dist.config_base import JsonOutput, add_flags
 from dalle_dist.errors import ConfigError
 
 _SHOWN_WIDTH = 200  # matched lines can be long (a whole argv); the human view cuts them
@@ -40,19 +41,18 @@ def _cut(text: str) -> str:
     return text if len(text) <= _SHOWN_WIDTH else text[:_SHOWN_WIDTH - 3] + "..."
 
 
-def add_doctor(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="read a failed run's log: root cause, fix and a check",
-                       description="Match a training log against known failures of "
-                                   "DeepSpeed, Horovod, NCCL, CUDA, Apex, Triton and "
-                                   "dalle-dist itself, and print the most likely root cause, "
-                                   "its fix and a command to check it. Exit 0 when a cause "
-                                   "(or only harmless warnings) was found, 1 when the log "
-                                   "matches nothing known.")
+def add_doctor(p: argparse.ArgumentParser) -> None:
+    p.description = ("Match a training log against known failures of "
+                     "DeepSpeed, Horovod, NCCL, CUDA, Apex, Triton and "
+                     "dalle-dist itself, and print the most likely root cause, "
+                     "its fix and a command to check it. Exit 0 when a cause "
+                     "(or only harmless warnings) was found, 1 when the log "
+                     "matches nothing known.")
     p.add_argument("logfile", metavar="LOGFILE", nargs="?", default="-",
                    help="the log to read; - or nothing reads standard input")
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object: category, cause, fix, check, matches, "
-                        "confidence (0..1), alternatives (up to two {category, line})")
+    add_flags(p, JsonOutput, help={
+        "json": "print one JSON object: category, cause, fix, check, matches, confidence "
+                "(0..1), alternatives (up to two {category, line})"})
     p.set_defaults(run=run_doctor)
 
 
@@ -75,8 +75,8 @@ def read_log(name: str) -> str:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from dalle_dist.diagnose.doctor import diagnose
-    from dalle_dist.diagnose.signatures import BENIGN, UNKNOWN
+    from dalle_dist.doctor.diagnosis import diagnose
+    from dalle_dist.doctor.signatures import BENIGN, UNKNOWN
 
     diagnosis = diagnose(read_log(args.logfile))
     if args.json:

@@ -1,4 +1,4 @@
-"""argparse with DESIGN.md's error contract: one line on stderr, exit status 2."""
+"""argparse with docs/design.md's error contract: one line on stderr, exit status 2."""
 
 from __future__ import annotations
 
@@ -41,3 +41,12 @@ def subcommand_parser(parser: argparse.ArgumentParser, command: str
         if isinstance(action, argparse._SubParsersAction):
             return action.choices.get(command)
     return None
+
+
+def add_launcher_rank(parser: argparse.ArgumentParser) -> None:
+    """Accept --local_rank=N, which the deepspeed launcher (and torch.distributed.launch)
+    pass before the subcommand or after it. Its value is never read: a backend takes the
+    rank's device from LOCAL_RANK, which every launcher sets. SUPPRESS keeps a
+    subcommand's copy from overwriting the top-level one."""
+    parser.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int,
+                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)

@@ -23,30 +23,26 @@ import argparse
 import json
 
 from dalle_dist.checkpoint.taming import TamingConfig
-from dalle_dist.config_base import add_flags, from_args
+from dalle_dist.config_base import JsonOutput, add_flags, from_args
 from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.errors import ConfigError
 from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
 from dalle_dist.model.vqgan import VQGANConfig
+from dalle_dist.plan.config import PlanConfig
 from dalle_dist.train.config import TrainConfig
 
-_BYTE_VOCAB = 257  # data.tokenizer.ByteTokenizer.vocab_size: UTF-8 bytes + padding id 0
 #: the VAE flags that shape the DALL-E (the others only change how a VAE trains)
 _VAE_SHAPE = ("image_size", "num_tokens", "num_layers", "num_resnet_blocks", "codebook_dim",
               "hidden_dim")
 
 
-def add_plan(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plan", help="memory per GPU of a training run, per backend, ZeRO "
-                                    "stage and precision, and which to use",
-                       description="Estimate the memory per GPU of `dalle-dist train` with "
-                                   "these flags for every backend x ZeRO stage x precision, "
-                                   "and recommend one. Nothing is built or launched.")
+def add_plan(p: argparse.ArgumentParser) -> None:
+    p.description = ("Estimate the memory per GPU of `dalle-dist train` with "
+                     "these flags for every backend x ZeRO stage x precision, "
+                     "and recommend one. Nothing is built or launched.")
     model = p.add_argument_group("model (as `train`)")
     add_flags(model, DALLEConfig)
-    model.add_argument("--num_text_tokens", type=int, default=_BYTE_VOCAB,
-                       help="tokenizer vocabulary, padding id included (default %(default)s: "
-                            "the byte tokenizer)")
+    add_flags(model, PlanConfig, only=["num_text_tokens"])
     add_flags(model, TokenizerConfig,
               help={"bpe_path": "tokenizer file (as `train`): its vocabulary replaces "
                                 "--num_text_tokens"})
@@ -64,26 +60,19 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
     plan = p.add_argument_group("plan")
     add_flags(plan, TrainConfig, only=["batch_size"],
               help={"batch_size": "global batch, split over the GPUs"})
-    plan.add_argument("--gpus", type=int, default=1, help="default %(default)s")
-    plan.add_argument("--gpu_memory", default="80GB",
-                      help="memory of one GPU: 80GB, 40GiB, 24G, 16000MB (GB / G decimal, "
-                           "GiB binary; default %(default)s)")
-    plan.add_argument("--precision", default=None, metavar="LIST",
-                      help="only these of fp32, bf16, fp16 (comma list; default all)")
-    plan.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                      help="count activations for this device's attention kernels "
-                           "(default %(default)s)")
-    plan.add_argument("--json", action="store_true", help="print JSON (schema: see README)")
+    add_flags(plan, PlanConfig, exclude=["num_text_tokens"])
+    add_flags(plan, JsonOutput,
+              help={"json": "print one JSON object (its schema: docs/diagnose.md)"})
     p.set_defaults(run=run_plan)
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from dalle_dist.diagnose import plan
-    from dalle_dist.diagnose.plan_vqgan import stand_in_vae, with_vqgan
+    from dalle_dist import plan
+    from dalle_dist.plan.vqgan import stand_in_vae, with_vqgan
 
     dalle_cfg, vae_cfg, vqgan = _configs(args)
-    precisions = (plan.PRECISIONS if args.precision is None else
-                  tuple(x.strip() for x in args.precision.split(",") if x.strip()))
+    precisions = (plan.PRECISIONS if args.precisions is None else
+                  tuple(x.strip() for x in args.precisions.split(",") if x.strip()))
     if not precisions:
         raise ConfigError("--precision is empty", f"give some of {', '.join(plan.PRECISIONS)}")
     memory = plan.parse_memory(args.gpu_memory)
@@ -105,8 +94,8 @@ def run_plan(args: argparse.Namespace) -> int:
 def _configs(args: argparse.Namespace) -> tuple[DALLEConfig, VAEConfig, VQGANConfig | None]:
     """The DALL-E, the VAE flags' config, and the VQGAN (None: no --taming / --vqgan_*),
     which then sets the image tokens in place of the VAE flags."""
-    from dalle_dist.diagnose.plan_vqgan import read_plan_vqgan
     from dalle_dist.model import PatternOptions, build_pattern
+    from dalle_dist.plan.vqgan import read_plan_vqgan
 
     vocab = args.num_text_tokens
     tokenizer = from_args(TokenizerConfig, args)
@@ -141,8 +130,8 @@ def _configs(args: argparse.Namespace) -> tuple[DALLEConfig, VAEConfig, VQGANCon
 
 def _report(dalle_cfg: object, vae_cfg: VAEConfig | VQGANConfig, rows: list,
             args: argparse.Namespace, memory: int, advice: str) -> dict:
-    from dalle_dist.diagnose import plan
-    from dalle_dist.diagnose.plan_vqgan import vqgan_parameters
+    from dalle_dist import plan
+    from dalle_dist.plan.vqgan import vqgan_parameters
 
     budget = int(memory * plan.USABLE_FRACTION)
     c = dalle_cfg
@@ -169,8 +158,8 @@ def _report(dalle_cfg: object, vae_cfg: VAEConfig | VQGANConfig, rows: list,
 
 
 def _human(report: dict) -> str:
-    from dalle_dist.diagnose.plan import format_bytes
     from dalle_dist.model.image_tokenizer import is_vqgan_config
+    from dalle_dist.plan import format_bytes
 
     seq = report["sequence"]
     counts: dict[str, int] = {}

@@ -17,22 +17,25 @@ from dalle_dist.backends import (
 )
 from dalle_dist.checkpoint.taming import TamingConfig
 from dalle_dist.cli.exits import report_and_exit
+from dalle_dist.cli.parser import add_launcher_rank
 from dalle_dist.config_base import add_flags, flag_values, from_args
 from dalle_dist.data import DataConfig
 from dalle_dist.data.config import TokenizerConfig
-from dalle_dist.errors import ConfigError, PeerLost
+from dalle_dist.errors import PeerLost
 from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
-from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN
 from dalle_dist.train.config import (
     VAE_TRAIN_DEFAULTS,
+    DalleRun,
     ProfileConfig,
     ResumeConfig,
     TrackerConfig,
     TrainConfig,
+    VAERun,
     VAESamples,
     VAESchedule,
     ValidationConfig,
 )
+from dalle_dist.train.job import TrainJob, TrainVAEJob
 
 
 def _add_data_args(parser: argparse.ArgumentParser, folder_flags: list[str], help_text: str,
@@ -52,32 +55,28 @@ def _add_train_args(parser: argparse.ArgumentParser, defaults: TrainConfig) -> N
     add_flags(group, ComputeConfig, only=["no_tf32"])
     add_flags(parser, TrackerConfig)
     add_backend_arguments(parser)
+    add_launcher_rank(parser)
 
 
-def _resume_config(args: argparse.Namespace, model: dict[str, object],
-                   path_flag: str | None = None) -> ResumeConfig:
-    """--resume (or DALLE-pytorch's --dalle_path) and the model flags the user typed."""
-    path = getattr(args, path_flag.lstrip("-"), None) if path_flag else None
-    if path and args.source:
-        raise ConfigError(f"--resume and {path_flag} both name a checkpoint", "give one of them")
+def _resume_config(args: argparse.Namespace, model: dict[str, object]) -> ResumeConfig:
+    """--resume, with the model flags the user typed: a resumed checkpoint must agree with
+    them, and takes the rest from its own configs."""
     given = {key: value for key, value in model.items() if key in args.given}
-    if args.overwrite and args.source == "auto":
-        raise ConfigError("--overwrite and --resume auto contradict each other",
-                          "--resume auto continues the output's checkpoint, --overwrite "
-                          "replaces it: give one of them")
-    return from_args(ResumeConfig, args, source=path or args.source,
-                     flag=path_flag if path else "--resume", given_model=given)
+    return from_args(ResumeConfig, args, given_model=given)
 
 
-def run_on_backend(args: argparse.Namespace, command: Callable[[DistributedBackend], None]
-                   ) -> int:
+def _distributed(args: argparse.Namespace) -> DistributedConfig:
+    return from_args(DistributedConfig, args,
+                     clip_grad_norm=getattr(args, "clip_grad_norm", None))
+
+
+def run_on_backend(args: argparse.Namespace, settings: DistributedConfig,
+                   command: Callable[[DistributedBackend], object]) -> int:
     """Choose and join the backend, run the command on it, leave the process group.
 
     Every wait for the other ranks is bounded by --collective_timeout (backends/watch.py);
     after a peer is lost the group is not left politely: leaving could wait for it too.
     """
-    settings = from_args(DistributedConfig, args,
-                         clip_grad_norm=getattr(args, "clip_grad_norm", None))
     backend = backend_from_config(settings)
     backend.initialize()
     # Tells main() to end this rank with os._exit (see cli.exits), error or not.
@@ -96,9 +95,8 @@ def run_on_backend(args: argparse.Namespace, command: Callable[[DistributedBacke
 
 # -- train-vae -----------------------------------------------------------------------
 
-def add_train_vae(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train-vae", help="train the discrete VAE that turns images into tokens",
-                       description="Train a discrete VAE (DALLE-pytorch's train_vae.py flags).")
+def add_train_vae(p: argparse.ArgumentParser) -> None:
+    p.description = ("Train a discrete VAE (DALLE-pytorch's train_vae.py flags).")
     _add_data_args(p, ["--image_folder", "--image_text_folder"],
                    "folder of images, searched recursively")
     add_flags(p.add_argument_group("VAE"), VAEConfig)
@@ -106,49 +104,45 @@ def add_train_vae(sub: argparse._SubParsersAction) -> None:
     _add_train_args(p, VAE_TRAIN_DEFAULTS)
     add_flags(p.add_argument_group("samples"), VAESamples)
     add_flags(p.add_argument_group("validation"), ValidationConfig)
-    p.add_argument("--vae_output_file_name", default="vae",
-                   help="checkpoint to write; .pt is added when missing (default %(default)s)")
+    add_flags(p, VAERun)
     p.set_defaults(run=run_train_vae)
+
+
+def train_vae_job(args: argparse.Namespace) -> TrainVAEJob:
+    """The parsed flags of `train-vae` as one job."""
+    vae_cfg = from_args(VAEConfig, args)
+    return TrainVAEJob(
+        vae=vae_cfg, schedule=from_args(VAESchedule, args), run=from_args(VAERun, args),
+        train=from_args(TrainConfig, args, clip_grad_norm=None),
+        data=from_args(DataConfig, args, image_size=vae_cfg.image_size),
+        compute=from_args(ComputeConfig, args),
+        resume=_resume_config(args, flag_values(VAEConfig, args)),
+        trackers=from_args(TrackerConfig, args), samples=from_args(VAESamples, args),
+        validation=from_args(ValidationConfig, args), distributed=_distributed(args))
 
 
 def run_train_vae(args: argparse.Namespace) -> int:
     from dalle_dist.train.commands import train_vae
 
-    vae_cfg = from_args(VAEConfig, args)
-    vae_cfg.validate()
-    resume = _resume_config(args, flag_values(VAEConfig, args))
-    train_cfg = from_args(TrainConfig, args, clip_grad_norm=None)
-    data_cfg = from_args(DataConfig, args, image_size=vae_cfg.image_size)
-    trackers = from_args(TrackerConfig, args)
-    trackers.validate()
-    validation = from_args(ValidationConfig, args)
-    validation.validate()  # before any process group or file: one line, exit 2
-    return run_on_backend(args, lambda backend: train_vae(
-        vae_cfg, from_args(VAESchedule, args), train_cfg, data_cfg,
-        args.vae_output_file_name, backend, resume=resume, tf32=not args.no_tf32,
-        trackers=trackers, samples=from_args(VAESamples, args), validation=validation))
+    job = train_vae_job(args)
+    job.validate()  # before any process group or file: one line, exit 2
+    return run_on_backend(args, job.distributed, lambda backend: train_vae(job, backend))
 
 
 # -- train ---------------------------------------------------------------------------
 
-def add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train DALL-E (trains a VAE first on built-in data)",
-                       description="Train DALL-E (DALLE-pytorch's train_dalle.py flags). "
-                                   "On the built-in shapes, without --vae_path, a VAE is "
-                                   "trained first (or taken from the cache).")
+def add_train(p: argparse.ArgumentParser) -> None:
+    p.description = ("Train DALL-E (DALLE-pytorch's train_dalle.py flags). "
+                     "On the built-in shapes, without --vae_path, a VAE is "
+                     "trained first (or taken from the cache).")
     _add_data_args(p, ["--image_text_folder"], "folder of name.png + name.txt pairs")
-    p.add_argument("--vae_path", help="trained VAE checkpoint (from dalle-dist train-vae)")
-    p.add_argument("--dalle_path", help="DALL-E checkpoint to resume from")
+    add_flags(p, DalleRun, only=["vae_path", "dalle_path"])
     add_flags(p.add_argument_group("VQGAN image tokenizer (taming-transformers), instead of "
                                    "a VAE"), TamingConfig)
     add_flags(p, TokenizerConfig)
     add_flags(p, DataConfig, only=["truncate_captions"])
     add_flags(p.add_argument_group("validation"), ValidationConfig)
-    p.add_argument("--dalle_output_file_name", default="dalle",
-                   help="checkpoint to write; .pt is added when missing (default %(default)s)")
-    p.add_argument("--fidelity_images", type=int, default=64,
-                   help="on built-in data, score this many sampled images at the end "
-                        "(0: skip; default %(default)s)")
+    add_flags(p, DalleRun, only=["dalle_output_file_name", "fidelity_images"])
     model = p.add_argument_group("model")
     add_flags(model, DALLEConfig)
     # --no_tf32: with the training flags
@@ -156,36 +150,28 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     _add_train_args(p, TrainConfig())
     add_flags(p, TrainConfig, only=["clip_grad_norm"])
     add_flags(p, ProfileConfig)
-    p.add_argument("--lr_decay", action="store_true",
-                   help="halve the learning rate when the epoch loss plateaus")
+    add_flags(p, DalleRun, only=["lr_decay"])
     add_flags(p, VAEConfig, only=["image_size"],
               help={"image_size": "built-in shapes size when a VAE is trained first"})
-    p.add_argument("--builtin_vae_epochs", type=int, default=BUILTIN_VAE_TRAIN.epochs,
-                   help="epochs of 10,000 shapes for the VAE trained first on built-in data "
-                        "without --vae_path; each value is cached on its own (default "
-                        "%(default)s: about 2 minutes on 2 CPU cores)")
+    add_flags(p, DalleRun, only=["builtin_vae_epochs"])
     p.set_defaults(run=run_train)
+
+
+def train_job(args: argparse.Namespace) -> TrainJob:
+    """The parsed flags of `train` as one job."""
+    model = flag_values(DALLEConfig, args)
+    return TrainJob(
+        model=model, run=from_args(DalleRun, args), train=from_args(TrainConfig, args),
+        data=from_args(DataConfig, args, image_size=args.image_size),
+        tokenizer=from_args(TokenizerConfig, args), compute=from_args(ComputeConfig, args),
+        resume=_resume_config(args, model), trackers=from_args(TrackerConfig, args),
+        validation=from_args(ValidationConfig, args), profile=from_args(ProfileConfig, args),
+        taming=from_args(TamingConfig, args), distributed=_distributed(args))
 
 
 def run_train(args: argparse.Namespace) -> int:
     from dalle_dist.train.commands import train_dalle
 
-    model_args = flag_values(DALLEConfig, args)
-    text_seq_len = model_args.pop("text_seq_len")
-    resume = _resume_config(args, {**model_args, "text_seq_len": text_seq_len},
-                            "--dalle_path")
-    train_cfg = from_args(TrainConfig, args)
-    data_cfg = from_args(DataConfig, args, image_size=args.image_size)
-    trackers = from_args(TrackerConfig, args)
-    trackers.validate()
-    validation = from_args(ValidationConfig, args)
-    validation.validate()  # before any process group or file: one line, exit 2
-    return run_on_backend(args, lambda backend: train_dalle(
-        model_args, train_cfg, data_cfg, args.dalle_output_file_name, backend,
-        vae_path=args.vae_path, resume=resume, tokenizer_cfg=from_args(TokenizerConfig, args),
-        attn_impl=args.attn_impl, text_seq_len=text_seq_len, lr_decay=args.lr_decay,
-        fidelity_images=args.fidelity_images, builtin_vae_epochs=args.builtin_vae_epochs,
-        tf32=not args.no_tf32, trackers=trackers,
-        flops_profiler=from_args(ProfileConfig, args).flops_profiler, validation=validation,
-        activation_checkpointing=args.activation_checkpointing,
-        taming=from_args(TamingConfig, args)))
+    job = train_job(args)
+    job.validate()  # before any process group or file: one line, exit 2
+    return run_on_backend(args, job.distributed, lambda backend: train_dalle(job, backend))

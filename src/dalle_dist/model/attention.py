@@ -2,12 +2,13 @@
 and a KV cache for sampling.
 
 The path is chosen per device and sequence, and can be overridden with --attn_impl.
-"auto" takes the fastest correct one measured on the CPU machine (bench/attention.py;
-forward + backward of one layer, 256 and 1024 image tokens):
+"auto" takes the fastest correct one as bench/attention.py measured it on the CPU
+machine (forward + backward of one layer; the figures: docs/benchmarks.md, "Attention"):
   full               SDPA's causal kernel everywhere
-  axial_row/col      the band gather on CPU (0.6x full's time at 1024 tokens, 0.9x at 256)
-  conv_like          the band gather on CPU from 24 x 24 cells up (0.8x full at 1024);
-                     below that SDPA with the mask (the gather's set-up costs more there)
+  axial_row/col      the band gather on CPU: each query scores only its grid line, which
+                     was faster than the full kernel at every size measured
+  conv_like          the band gather on CPU from 24 x 24 cells up; below that SDPA with
+                     the mask (the gather's set-up costs more there)
   sparse             SDPA with the mask on CPU: the block gather copies its key blocks and
                      loses to it at every density measured
   on CUDA, every pattern but full goes to FlexAttention (block masks skip empty tiles),

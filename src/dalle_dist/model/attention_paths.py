@@ -245,7 +245,7 @@ class FlexKernel:
         signature = (pattern.key, layout, tuple(q.shape), str(q.device), q.dtype,
                      torch.is_grad_enabled() and q.requires_grad)
         if signature in self._signatures:  # compiled already: no limit to lift (the
-            return kernel(q, k, v, block_mask=block_mask)  # patch costs ~1 ms a call)
+            return kernel(q, k, v, block_mask=block_mask)  # patch costs time every call)
         self._signatures.add(signature)
         with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT):
             return kernel(q, k, v, block_mask=block_mask)

@@ -17,18 +17,22 @@ from dalle_dist.model.shift import check_shift_dim
 class VAEConfig(DictConfig):
     """Discrete VAE shape. Defaults suit the built-in 32x32 shapes on a CPU."""
 
-    image_size: int = option(32, "")
+    image_size: int = option(32, "side of the square images in pixels")
     num_tokens: int = option(128, "codebook size")
     codebook_dim: int = option(64, "codebook dimension", name="--emb_dim")
     num_layers: int = option(2, "downsampling layers: tokens = (image_size / 2^num_layers)^2")
-    num_resnet_blocks: int = option(1, "")
-    hidden_dim: int = option(64, "")
+    num_resnet_blocks: int = option(
+        1, "residual blocks after the encoder's downsampling and before the decoder's "
+        "upsampling")
+    hidden_dim: int = option(64, "channels of the encoder's and decoder's convolutions")
     channels: int = option(
         3, "image channels: 3 (RGB) or 4 (RGBA: alpha goes through the VAE, and through a "
         "DALL-E trained on it, and is kept in the PNGs written)", choices=(3, 4),
         shortcuts=(("--transparent", 4),))
     smooth_l1_loss: bool = option(False, "reconstruction loss smooth L1 instead of MSE")
-    kl_loss_weight: float = option(0.0, "")
+    kl_loss_weight: float = option(
+        0.0, "weight of the KL divergence between the codebook choice and a uniform prior, "
+        "added to the reconstruction loss")
     straight_through: bool = option(
         False, "hard Gumbel-softmax samples with straight-through gradients")
 
@@ -74,17 +78,18 @@ class DALLEConfig(DictConfig):
         48, "caption tokens, bytes with the default tokenizer")
     num_image_tokens: int
     image_fmap_size: int
-    dim: int = option(128, "")
-    depth: int = option(4, "")
-    heads: int = option(4, "")
-    dim_head: int = option(32, "")
-    ff_mult: int = option(4, "")
-    attn_dropout: float = option(0.0, "")
-    ff_dropout: float = option(0.0, "")
+    dim: int = option(128, "model width: embedding and residual-stream features")
+    depth: int = option(4, "transformer layers")
+    heads: int = option(4, "attention heads per layer")
+    dim_head: int = option(32, "features per attention head")
+    ff_mult: int = option(4, "feed-forward hidden width as a multiple of --dim")
+    attn_dropout: float = option(0.0, "dropout rate on the attention weights")
+    ff_dropout: float = option(0.0, "dropout rate inside the feed-forward blocks")
     attn_types: tuple[str, ...] = option(
         ("full",), "comma list of attention patterns cycled over layers: "
         + ", ".join(PATTERNS), parse=comma_list)
-    loss_img_weight: float = option(7.0, "")
+    loss_img_weight: float = option(
+        7.0, "weight W of the image tokens' loss: loss = (text loss + W x image loss) / (W + 1)")
     conv_kernel_size: int = option(5, "conv_like window side, odd")
     conv_dilation: int = option(1, "conv_like window dilation")
     sparse_random_blocks: int | None = option(

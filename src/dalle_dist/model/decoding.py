@@ -16,8 +16,8 @@ both passes run as one forward per token; the sampled token is fed to both halve
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -26,7 +26,44 @@ from dalle_dist.model.modes import eval_mode
 from dalle_dist.model.sampling import guide, null_text, sample_tokens
 
 if TYPE_CHECKING:
-    from dalle_dist.model.dalle import DALLE
+    from dalle_dist.model.attention import LayerKVCache
+    from dalle_dist.model.patterns import SequenceLayout
+    from dalle_dist.model.transformer import Transformer
+
+
+class _Embedding(Protocol):
+    @property
+    def weight(self) -> Tensor: ...
+
+
+class DecodedModel(Protocol):
+    """What decoding needs from the model whose image tokens it samples (DALLE is one).
+
+    The model is an nn.Module: the decoder holds it as a submodule and runs it in eval mode.
+    A protocol, not DALLE itself: dalle.py imports this module (DALLE.sample_image_tokens
+    builds a StaticDecoder), so this module does not import dalle.py.
+    """
+
+    @property
+    def layout(self) -> SequenceLayout: ...
+
+    @property
+    def transformer(self) -> Transformer: ...  # its new_cache
+
+    @property
+    def text_emb(self) -> _Embedding: ...  # its weight's dtype and device are the cache's
+
+    def prefill(self, text: Tensor, cache: Sequence[LayerKVCache]) -> Tensor:
+        """Image logits [b, vocab] of the first image cell; fills the cache with the text."""
+        ...
+
+    def decode_step(self, tokens: Tensor, cell: Tensor, cache: Sequence[LayerKVCache]) -> Tensor:
+        """Image logits [b, vocab] of the cell after `cell`, given its tokens [b, 1]."""
+        ...
+
+    def uncached_image_logits(self, text: Tensor, tokens: Tensor) -> Tensor:
+        """The next image token's logits from one forward over the whole sequence."""
+        ...
 
 
 def cache_dtype(weight_dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -56,7 +93,7 @@ class StaticDecoder(nn.Module):
     does by default.
     """
 
-    def __init__(self, model: DALLE, batch: int, compiled: bool = False,
+    def __init__(self, model: DecodedModel, batch: int, compiled: bool = False,
                  dtype: torch.dtype | None = None, cond_scale: float = 1.0) -> None:
         """cond_scale: classifier-free guidance (1: none, and no null pass). dtype: the
         KV cache's (default: cache_dtype of the model's weights on their device)."""
@@ -126,7 +163,8 @@ class StaticDecoder(nn.Module):
 
 
 @torch.no_grad()
-def teacher_forced_logits(model: DALLE, text: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+def teacher_forced_logits(model: DecodedModel, text: Tensor, tokens: Tensor
+                          ) -> tuple[Tensor, Tensor]:
     """([n, b, vocab] image logits of the cached decoder, the same from uncached forwards),
     both fed the same image tokens [b, n]: the prefill's logits, then one decode step's per
     token but the last. How a cast model's cache is checked: in bf16 / fp16 a near tie in

@@ -14,11 +14,13 @@ from pathlib import Path
 
 from dalle_dist.data import DataConfig
 from dalle_dist.model import VAEConfig
-from dalle_dist.train.config import TrainConfig, VAESchedule
+from dalle_dist.train.config import BUILTIN_VAE_EPOCHS, TrainConfig, VAESchedule
 
-#: The built-in VAE's training run: about 1,500 steps, under two minutes on 2 CPU cores.
-BUILTIN_VAE_TRAIN = TrainConfig(epochs=5, batch_size=32, learning_rate=1e-3, clip_grad_norm=None,
-                                save_every_n_steps=0, sample_every_n_steps=0, seed=0)
+#: The built-in VAE's training run: about 1,500 steps, short enough to run on a CPU before
+#: `train` (how long: docs/benchmarks.md).
+BUILTIN_VAE_TRAIN = TrainConfig(epochs=BUILTIN_VAE_EPOCHS, batch_size=32, learning_rate=1e-3,
+                                clip_grad_norm=None, save_every_n_steps=0,
+                                sample_every_n_steps=0, seed=0)
 
 
 def default_cache_dir() -> Path:

@@ -29,7 +29,7 @@ from dalle_dist.checkpoint.resume import (
     restore_training,
 )
 from dalle_dist.checkpoint.rng import capture_rng, restore_rng
-from dalle_dist.checkpoint.taming import TamingConfig, check_carried_vqgan, load_vqgan
+from dalle_dist.checkpoint.taming import check_carried_vqgan, load_vqgan
 from dalle_dist.data import (
     CaptionCollate,
     DataConfig,
@@ -38,27 +38,19 @@ from dalle_dist.data import (
     check_captions,
     make_loader,
 )
-from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.data.images import make_grid, save_png
 from dalle_dist.data.loader import check_num_workers, default_num_workers
 from dalle_dist.data.tokenizer import load_tokenizer
 from dalle_dist.errors import ConfigError, DataError, OutputError, Stopped
-from dalle_dist.model import DALLEConfig, PatternOptions, VAEConfig, build_pattern
+from dalle_dist.model import DALLEConfig, VAEConfig
 from dalle_dist.model.attention_paths import flex_dropout_error
-from dalle_dist.model.config import check_shared_ids
+from dalle_dist.model.config import ComputeConfig
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
-from dalle_dist.train.config import (
-    ResumeConfig,
-    RunPaths,
-    TrackerConfig,
-    TrainConfig,
-    VAESamples,
-    VAESchedule,
-    ValidationConfig,
-)
+from dalle_dist.train.config import ResumeConfig, RunPaths, TrackerConfig, TrainConfig
 from dalle_dist.train.dalle_task import DALLETask
 from dalle_dist.train.evaluate import evaluate_fidelity
 from dalle_dist.train.flops import profile_step
+from dalle_dist.train.job import TrainJob, TrainVAEJob
 from dalle_dist.train.loop import DeviceSums, inference_model, optimizer_step, train
 from dalle_dist.train.run_log import RunLog
 from dalle_dist.train.task import Task
@@ -305,36 +297,27 @@ class RunSetup:
         backend.on_root("the tracker start", start)
 
 
-def train_vae(vae_cfg: VAEConfig, schedule: VAESchedule, train_cfg: TrainConfig,
-              data_cfg: DataConfig, output: str, backend: DistributedBackend,
-              log: RunLog | None = None, paths: RunPaths | None = None,
-              resume: ResumeConfig | None = None, tf32: bool = True,
-              trackers: TrackerConfig | None = None, samples: VAESamples | None = None,
-              validation: ValidationConfig | None = None) -> Path:
-    """Train a discrete VAE; returns the checkpoint path. tf32: fp32 matmuls and
-    convolutions in TF32 on CUDA (set_tf32); trackers: W&B / TensorBoard (off: None);
-    samples: what the sample grids show; validation: the held-out part (--val_fraction)
-    and how often its loss (the training loss: reconstruction + KL) is measured, as for
-    train_dalle: the same loader split and loop cadence."""
-    resume = resume or ResumeConfig()
-    trackers = trackers or TrackerConfig()
-    samples = samples or VAESamples()
-    validation = validation or ValidationConfig()
-    for cfg in (vae_cfg, schedule, train_cfg, resume, trackers, samples, validation):
-        cfg.validate()
-    paths = paths or RunPaths.for_output(output)
+def train_vae(job: TrainVAEJob, backend: DistributedBackend, log: RunLog | None = None,
+              paths: RunPaths | None = None) -> Path:
+    """Train a discrete VAE; returns the checkpoint path. The held-out part (--val_fraction)
+    is split and measured as for train_dalle (its loss is the training loss:
+    reconstruction + KL). log / paths: where to log and write, when not beside
+    --vae_output_file_name (the built-in VAE's partial file)."""
+    job.validate()
+    vae_cfg, train_cfg, data_cfg, validation = job.vae, job.train, job.data, job.validation
+    paths = paths or RunPaths.for_output(job.run.vae_output_file_name)
     log = log or RunLog(paths.metrics, backend.is_root, loss_plot=paths.loss_plot)
-    run = RunSetup.begin("vae", "--vae_output_file_name", backend, train_cfg, resume, paths, log,
-                         tf32, trackers)
+    run = RunSetup.begin("vae", "--vae_output_file_name", backend, train_cfg, job.resume, paths,
+                         log, not job.compute.no_tf32, job.trackers)
     run.val_every_n_steps = validation.val_every_n_steps
     if run.payload is not None:
         vae_cfg = VAEConfig.from_dict(run.payload["configs"]["model"])
-    data_cfg = replace(data_cfg, channels=vae_cfg.channels)
+    data_cfg = replace(data_cfg, image_size=vae_cfg.image_size, channels=vae_cfg.channels)
     loader = run.loader(lambda workers: rank_loader(
         data_cfg, vae_cfg.image_size, train_cfg, backend, CaptionCollate(None, 0, False),
         False, log, flag="--image_folder", workers=workers,
         val_fraction=validation.val_fraction), data_cfg, "--image_folder")
-    task = VAETask(vae_cfg, schedule, train_cfg, data_cfg.to_dict(), samples)
+    task = VAETask(vae_cfg, job.schedule, train_cfg, data_cfg.to_dict(), job.samples)
     run.train(task, loader, f"training a VAE: {vae_cfg.image_size}px -> {vae_cfg.fmap_size}x"
               f"{vae_cfg.fmap_size} tokens of {vae_cfg.num_tokens}")
     log.info(f"saved VAE to {paths.checkpoint}")
@@ -362,10 +345,11 @@ def builtin_vae_payload(data_cfg: DataConfig, backend: DistributedBackend, log: 
             partial = RunPaths(spec.partial_path)
             streams = capture_rng()  # the VAE's training seeds and draws its own
             try:
-                train_vae(spec.vae, spec.schedule, spec.train, spec.data,
-                          str(partial.checkpoint), SingleBackend.on(backend.device),
-                          log=RunLog(partial.metrics), paths=partial,
-                          resume=ResumeConfig(source="auto"), tf32=tf32)
+                job = TrainVAEJob(vae=spec.vae, schedule=spec.schedule, train=spec.train,
+                                  data=spec.data, resume=ResumeConfig(source="auto"),
+                                  compute=ComputeConfig(no_tf32=not tf32))
+                train_vae(job, SingleBackend.on(backend.device), log=RunLog(partial.metrics),
+                          paths=partial)
             finally:
                 restore_rng(streams)  # so the DALL-E is the same as with a cached VAE
             os.replace(partial.checkpoint, spec.path)
@@ -375,58 +359,23 @@ def builtin_vae_payload(data_cfg: DataConfig, backend: DistributedBackend, log: 
     return backend.on_root("the built-in VAE broadcast (rank 0 trains or loads it)", on_root)
 
 
-def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: DataConfig,
-                output: str, backend: DistributedBackend, *, vae_path: str | None = None,
-                resume: ResumeConfig | None = None, tokenizer_cfg: TokenizerConfig | None = None,
-                text_seq_len: int = 48, lr_decay: bool = False, fidelity_images: int = 64,
-                attn_impl: str = "auto", cache_dir: Path | None = None,
-                builtin_vae_epochs: int = BUILTIN_VAE_TRAIN.epochs, tf32: bool = True,
-                trackers: TrackerConfig | None = None, flops_profiler: bool = False,
-                validation: ValidationConfig | None = None,
-                activation_checkpointing: bool = False,
-                taming: TamingConfig | None = None) -> float | None:
-    """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere).
-    tokenizer_cfg: --bpe_path / --hug / --chinese (a resumed checkpoint's own tokenizer
-    must agree with them); tf32: fp32 matmuls and convolutions in TF32 on CUDA (set_tf32);
-    trackers: W&B / TensorBoard (off: None); flops_profiler: count and time one forward and
-    backward, print the table (train/flops.py) and return None without training or saving;
-    validation: the held-out part (--val_fraction) and how often its loss is measured;
-    activation_checkpointing: recompute each block in backward (--reversible); taming: a
-    taming VQGAN as the image tokenizer instead of a VAE (--taming, --vqgan_*)."""
-    resume = resume or ResumeConfig()
-    trackers = trackers or TrackerConfig()
-    tokenizer_cfg = tokenizer_cfg or TokenizerConfig()
-    validation = validation or ValidationConfig()
-    taming = taming or TamingConfig()
-    train_cfg.validate()
-    resume.validate()
-    trackers.validate()
-    validation.validate()
-    taming.validate()
-    if vae_path and taming.wanted:
-        raise ConfigError("--vae_path and --taming/--vqgan_* both name the image tokenizer",
-                          "give a dalle-dist VAE with --vae_path, or a taming VQGAN with "
-                          "--vqgan_model_path and --vqgan_config_path")
-    if vae_path and resume.source and resume.source != "auto":
-        raise ConfigError(f"--vae_path and {resume.flag} cannot be combined",
-                          "a DALL-E checkpoint carries its VAE; drop --vae_path")
-    if fidelity_images < 0:
-        raise ConfigError("--fidelity_images must be >= 0 (0 skips the evaluation)")
-    if builtin_vae_epochs < 1:
-        raise ConfigError(f"--builtin_vae_epochs must be >= 1, got {builtin_vae_epochs}")
-    options = PatternOptions(**{k: model_args[k] for k in (
-        "conv_kernel_size", "conv_dilation", "sparse_random_blocks", "sparse_seed")
-        if k in model_args})
-    for name in model_args.get("attn_types", ()):
-        build_pattern(name, options)
-    if resume.source is None:  # a resumed model's depth is the checkpoint's: checked later
-        check_shared_ids(model_args.get("depth", 0), model_args.get("attn_types", ()),
-                         model_args.get("shared_attn_ids"), model_args.get("shared_ff_ids"))
+def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | None = None
+                ) -> float | None:
+    """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere, and
+    with --flops_profiler, which counts and times one step, prints the table
+    (train/flops.py) and trains and saves nothing). cache_dir: where the built-in VAE is
+    cached (default: builtin_vae.default_cache_dir)."""
+    job.validate()
+    model_args, train_cfg, data_cfg, validation = job.model, job.train, job.data, job.validation
+    resume, taming, tokenizer_cfg, trackers = (job.continues, job.taming, job.tokenizer,
+                                               job.trackers)
+    vae_path, tf32 = job.run.vae_path, not job.compute.no_tf32
+    attn_impl = job.compute.attn_impl
     check_attn_impl(attn_impl, backend.device, model_args.get("attn_dropout", 0.0))
     # Before anything is trained or written: a bad tokenizer file must not wait for the
     # built-in VAE's training.
     requested = backend.everywhere("the tokenizer load", lambda: load_tokenizer(tokenizer_cfg))
-    paths = RunPaths.for_output(output)
+    paths = RunPaths.for_output(job.run.dalle_output_file_name)
     log = RunLog(paths.metrics, backend.is_root, loss_plot=paths.loss_plot)
     run = RunSetup.begin("dalle", "--dalle_output_file_name", backend, train_cfg, resume,
                          paths, log, tf32, trackers)
@@ -449,8 +398,8 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
             vae = backend.everywhere("the VAE load", lambda: vae_from_checkpoint(
                 load_checkpoint(vae_path, "--vae_path", "vae")))
         elif data_cfg.builtin:
-            vae = vae_from_checkpoint(builtin_vae_payload(data_cfg, backend, log, cache_dir,
-                                                          builtin_vae_epochs, tf32))
+            vae = vae_from_checkpoint(builtin_vae_payload(
+                data_cfg, backend, log, cache_dir, job.run.builtin_vae_epochs, tf32))
         else:
             # DALLE-pytorch falls back on OpenAI's pretrained dVAE here, downloaded at run
             # time; dalle-dist downloads no weights, so it names what works instead.
@@ -461,7 +410,7 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
                 "or use a taming VQGAN: --taming --vqgan_model_path last.ckpt "
                 "--vqgan_config_path model.yaml")
         tokenizer = requested
-        model_cfg = DALLEConfig(num_text_tokens=tokenizer.vocab_size, text_seq_len=text_seq_len,
+        model_cfg = DALLEConfig(num_text_tokens=tokenizer.vocab_size,
                                 num_image_tokens=vae.config.num_tokens,
                                 image_fmap_size=vae.config.fmap_size, **model_args)
     model_cfg.validate()
@@ -472,20 +421,22 @@ def train_dalle(model_args: dict[str, Any], train_cfg: TrainConfig, data_cfg: Da
         data_cfg, train_cfg, backend, collate, tokenizer, model_cfg.text_seq_len, log,
         workers, validation.val_fraction), data_cfg, "--image_text_folder")
 
-    task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), lr_decay,
+    activation_checkpointing = job.compute.activation_checkpointing
+    task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), job.run.lr_decay,
                      backend.device, attn_impl, precision=backend.precision(),
                      activation_checkpointing=activation_checkpointing)
     n_params = sum(p.numel() for p in task.model.parameters())  # a shared one once
     if activation_checkpointing:
         log.info(f"activation checkpointing: every transformer block ({model_cfg.depth}) "
                  "recomputes its activations in backward")
-    if flops_profiler:
+    if job.profile.flops_profiler:
         run.profile_flops(task, loader)
         return None
     engine = run.train(task, loader, f"training DALL-E: {n_params / 1e6:.2f}M parameters, "
                        f"{model_cfg.text_seq_len} text + {model_cfg.image_seq_len} image tokens")
     log.info(f"saved DALL-E to {paths.checkpoint}")
 
+    fidelity_images = job.run.fidelity_images
     if not (data_cfg.builtin and fidelity_images):
         return None
     with backend.waiting("the weight gather for the fidelity check"):

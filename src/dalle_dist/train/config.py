@@ -14,9 +14,11 @@ from dalle_dist.errors import ConfigError
 class TrainConfig(DictConfig):
     """The defaults are `train`'s; `train-vae` starts from VAE_TRAIN_DEFAULTS."""
 
-    epochs: int = option(4, "")
-    batch_size: int = option(32, "")
-    learning_rate: float = option(1e-3, "")
+    epochs: int = option(4, "passes over the training data")
+    batch_size: int = option(
+        32, "samples per optimizer step, over all ranks and micro-batches (horovod: per "
+        "worker, DALLE-pytorch's meaning)")
+    learning_rate: float = option(1e-3, "Adam's learning rate")
     clip_grad_norm: float | None = option(0.5, "max gradient norm; none to disable",
                                           parse=optional_float)
     save_every_n_steps: int = option(
@@ -24,7 +26,9 @@ class TrainConfig(DictConfig):
     sample_every_n_steps: int = option(
         500, "write a sample grid PNG beside the checkpoint")
     log_every_n_steps: int = option(10, "metrics JSONL interval")
-    seed: int = option(42, "")
+    seed: int = option(
+        42, "seeds the initial weights and the data order; rank r draws dropout and crops "
+        "from seed + r")
 
     def validate(self) -> None:
         if self.epochs <= 0:
@@ -97,6 +101,10 @@ class ResumeConfig:
     given_model: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
+        if self.overwrite and self.source == "auto":
+            raise ConfigError("--overwrite and --resume auto contradict each other",
+                              "--resume auto continues the output's checkpoint, --overwrite "
+                              "replaces it: give one of them")
         if self.keep_n_checkpoints is not None and self.keep_n_checkpoints < 1:
             raise ConfigError(f"--keep_n_checkpoints must be >= 1, got "
                               f"{self.keep_n_checkpoints}", "leave it out to keep only the "
@@ -110,8 +118,8 @@ class VAESchedule(DictConfig):
     temperature = max(starting_temp * exp(-anneal_rate * step), temp_min)
     """
 
-    starting_temp: float = option(1.0, "")
-    temp_min: float = option(0.5, "")
+    starting_temp: float = option(1.0, "Gumbel-softmax temperature at the first step")
+    temp_min: float = option(0.5, "the lowest temperature the annealing reaches")
     anneal_rate: float = option(
         1e-3, "temperature = max(starting_temp * exp(-anneal_rate * step), temp_min)")
     lr_decay_rate: float = option(0.98, "learning rate x this every 100 steps")
@@ -147,6 +155,52 @@ class VAESamples:
             raise ConfigError(f"--num_images_save must be at least 1, got "
                               f"{self.num_images_save}", "the sample grids show that many "
                               "images; --sample_every_n_steps 0 turns the grids off")
+
+
+#: epochs of the VAE `train` trains first on built-in data (--builtin_vae_epochs)
+BUILTIN_VAE_EPOCHS = 5
+
+
+@dataclass(frozen=True)
+class DalleRun(DictConfig):
+    """`train`'s own inputs and outputs: the image tokenizer to train on, DALLE-pytorch's
+    resume spelling, the output name, the learning-rate decay and the built-in data's
+    extras (the VAE trained first and the fidelity score at the end)."""
+
+    vae_path: str | None = option(
+        None, "trained VAE checkpoint (from dalle-dist train-vae) that turns the images into "
+        "tokens", metavar="PATH", default_text="default: on built-in data a cached VAE, "
+        "trained first when there is none")
+    dalle_path: str | None = option(
+        None, "DALL-E checkpoint to continue from (DALLE-pytorch's flag; the same as "
+        "--resume PATH)", metavar="PATH", default_text="default: a new run")
+    dalle_output_file_name: str = option(
+        "dalle", "checkpoint to write; .pt is added when missing, and the metrics, loss plot "
+        "and sample grids are named after it", metavar="NAME")
+    fidelity_images: int = option(
+        64, "on built-in data, sample this many images at the end and print the fraction "
+        "whose shape, colour and position match their caption (0: skip)", metavar="N")
+    lr_decay: bool = option(
+        False, "halve the learning rate when the epoch loss plateaus (DALLE-pytorch's "
+        "ReduceLROnPlateau)")
+    builtin_vae_epochs: int = option(
+        BUILTIN_VAE_EPOCHS, "epochs of the built-in shapes for the VAE trained first on "
+        "built-in data without --vae_path; each value is cached on its own", metavar="N")
+
+    def validate(self) -> None:
+        if self.fidelity_images < 0:
+            raise ConfigError("--fidelity_images must be >= 0 (0 skips the evaluation)")
+        if self.builtin_vae_epochs < 1:
+            raise ConfigError(f"--builtin_vae_epochs must be >= 1, got {self.builtin_vae_epochs}")
+
+
+@dataclass(frozen=True)
+class VAERun(DictConfig):
+    """`train-vae`'s output name."""
+
+    vae_output_file_name: str = option(
+        "vae", "checkpoint to write; .pt is added when missing, and the metrics, loss plot "
+        "and sample grids are named after it", metavar="NAME")
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import torch
 def make_adam(params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Adam:
     """Adam, fused into one kernel per step where torch supports it (CPU and CUDA floats).
 
-    The unfused loop costs about 15 ms a step for 5M parameters on 2 CPU cores, as much
-    as a tenth of a small model's step; the fused kernel a fifth of that.
+    The unfused loop is a noticeable part of a small model's step; the fused kernel costs
+    a fraction of it (figures: docs/benchmarks.md, "Training").
     """
     params = list(params)
     fusable = all(p.dtype.is_floating_point and p.device.type in ("cpu", "cuda")

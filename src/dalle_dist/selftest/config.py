@@ -1,0 +1,25 @@
+"""`dalle-dist selftest`'s flags, as a config like every command's (torch-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dalle_dist.config_base import DictConfig, option
+
+
+@dataclass(frozen=True)
+class SelftestConfig(DictConfig):
+    """Where the checks run, how many, and where the report goes."""
+
+    device: str = option(
+        "auto", "where the checks run: cuda (the GPU-only checks too: memory against "
+        "`dalle-dist plan`, host syncs, CUDA graphs, the time budget), cpu (those say 'not "
+        "run'), or auto: cuda when torch sees a GPU, else cpu",
+        choices=("auto", "cpu", "cuda"))
+    quick: bool = option(
+        False, "a shorter CPU run: train each backend in one precision (single in all "
+        "three), time each sampling check once, and skip compiling FlexAttention; no "
+        "change on cuda")
+    out: str = option(
+        "selftest.json", "write the whole report here as JSON: every check's verdict and "
+        "the numbers behind it (samples/s, MFU, memory, errors)", metavar="FILE")
