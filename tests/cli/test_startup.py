@@ -62,9 +62,12 @@ def test_answers_without_torch(argv: tuple[str, ...]) -> None:
     assert found["status"] == 0 and found["heavy"] == [], found
 
 
-def test_train_help_loads_torch_but_no_engine() -> None:
-    """train's flags come from configs next to torch code; the engines stay unloaded."""
-    found = _loaded("train", "--help")
+@pytest.mark.parametrize("argv", [("train", "--help"), ("plan", "--dim", "64", "--depth", "2")],
+                         ids=" ".join)
+def test_torch_but_no_engine(argv: tuple[str, ...]) -> None:
+    """train's flags come from configs next to torch code, and plan builds the model on
+    the meta device; neither loads an engine or FSDP."""
+    found = _loaded(*argv)
     assert found["status"] == 0
     assert set(found["heavy"]) <= {"torch", "numpy", "PIL"} and "torch" in found["heavy"], found
     assert not found["fsdp"], found

@@ -14,8 +14,8 @@ def exit_now(status: int) -> NoReturn:
 
     A rank that has written everything and left its process group can still abort while
     the interpreter tears torch's native state down ("terminate called without an active
-    exception", SIGABRT, no Python frame): seen on about 1 in 4 CPU runs of FSDP and
-    ZeRO-3 VAE training with sample grids, after the checkpoint was complete. The
+    exception", SIGABRT, no Python frame): seen often on CPU runs of FSDP and ZeRO-3 VAE
+    training with sample grids, after the checkpoint was complete (docs/benchmarks.md). The
     launcher then reports the whole job failed, and an error's exit status 2 would
     turn into a signal. Output is flushed first; files are already fsynced.
     """

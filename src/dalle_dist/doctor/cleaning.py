@@ -51,7 +51,8 @@ _PUNCTUATION: dict[str, str] = {
     "\u200b": "", "\u200c": "", "\u200d": "", "\u2060": "", "\ufeff": "",
 }
 # (a substitution, not str.translate: translate reads a non-ASCII text character by
-# character through the mapping, ~20x slower on a long log than scanning for these few)
+# character through the mapping, far slower on a long log than scanning for these few:
+# docs/benchmarks.md, "dalle-dist doctor")
 _TYPOGRAPHIC = re.compile("[" + "".join(_PUNCTUATION) + "]")
 # An en or em dash (or one next to a hyphen) that starts an option name: `–local_rank`,
 # `—deepspeed`, `-–fp16`. Not after a word, a number or a path (`1–5`, `a–b`), and not

@@ -63,8 +63,8 @@ _DIGIT_BYTES = bytes.maketrans(b"123456789", b"000000000")
 def fold_digits(text: str) -> str:
     """`text` with the digits 1-9 as 0. A non-ASCII text (tqdm's block bars, other
     languages) goes through its UTF-8 bytes: str.translate would read it character by
-    character through a mapping (seconds on a 200k-line log), and an ASCII digit's byte
-    never occurs inside another character's UTF-8 sequence."""
+    character through a mapping (slow on a long log: docs/benchmarks.md), and an ASCII
+    digit's byte never occurs inside another character's UTF-8 sequence."""
     if text.isascii():
         return text.translate(DIGITS)
     return text.encode("utf-8", "surrogatepass").translate(_DIGIT_BYTES).decode(

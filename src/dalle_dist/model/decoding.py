@@ -69,10 +69,10 @@ class DecodedModel(Protocol):
 def cache_dtype(weight_dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The KV cache's dtype for a model whose weights are `weight_dtype`: the weights' own,
     except bf16 / fp16 on a CPU, where the cache and so the attention over it stay fp32.
-    CPU attention kernels in half precision are slower than fp32 at decode shapes
-    (measured, one query over 288 keys, 4 heads x 64: fp16 5x slower at batch 1, 11x at
-    batch 16), while the cache's bytes are a small part of what a step reads next to the
-    weights. On CUDA half-precision attention is native and the cache keeps half the bytes."""
+    CPU attention kernels in half precision are several times slower than fp32 at decode
+    shapes (docs/benchmarks.md, "Sampling"), while the cache's bytes are a small part of
+    what a step reads next to the weights. On CUDA half-precision attention is native and
+    the cache keeps half the bytes."""
     if device.type == "cpu" and weight_dtype in (torch.float16, torch.bfloat16):
         return torch.float32
     return weight_dtype
