@@ -66,11 +66,14 @@ def test_answers_without_torch(argv: tuple[str, ...]) -> None:
                          ids=" ".join)
 def test_torch_but_no_engine(argv: tuple[str, ...]) -> None:
     """train's flags come from configs next to torch code, and plan builds the model on
-    the meta device; neither loads an engine or FSDP."""
+    the meta device; neither loads an engine. `train --help` does not load FSDP either
+    (backends/fsdp.py imports it when a run distributes); plan does, through torch itself:
+    initialising a meta-device parameter imports torch._dynamo, which imports FSDP."""
     found = _loaded(*argv)
     assert found["status"] == 0
     assert set(found["heavy"]) <= {"torch", "numpy", "PIL"} and "torch" in found["heavy"], found
-    assert not found["fsdp"], found
+    if argv[0] == "train":
+        assert not found["fsdp"], found
 
 
 def test_docs_flags_md_is_what_the_command_prints() -> None:
