@@ -89,6 +89,14 @@ class HorovodBackend(DistributedBackend):
         if not (hvd.gloo_built() or hvd.mpi_built()):
             return Verdict(False, "Horovod was built without Gloo and without MPI",
                            "rebuild it with scripts/build_horovod.sh (HOROVOD_WITH_GLOO=1)")
+        if cuda and not (hvd.cuda_built() or hvd.rocm_built()):
+            # Without GPU operations (HAVE_GPU) its first collective on a GPU tensor fails:
+            # "Requested ReadyEvent with GPU device but not compiled with CUDA".
+            return Verdict(False, "this Horovod was built without GPU operations: its first "
+                           "collective on a GPU tensor would fail",
+                           "rebuild it on this machine with scripts/build_horovod.sh, which "
+                           "builds NCCL operations for a CUDA torch (HOROVOD_GPU_OPERATIONS=NCCL; "
+                           "needs nvcc and NCCL's headers)")
         if cuda and not hvd.nccl_built():
             return Verdict(True, "without NCCL: GPU tensors go through host memory")
         return Verdict(True)
