@@ -113,3 +113,24 @@ def test_a_requested_device() -> None:
     assert chosen(torch.device("cpu"), 2) == torch.device("cpu")
     assert chosen(None, 2) == torch.device("cuda", 0)
     assert chosen(None, 0) == torch.device("cpu")
+
+
+def test_an_explicit_gpu_index_under_several_local_ranks_is_refused() -> None:
+    """Issue 24: `torchrun --nproc_per_node 8 ... --device cuda:0` put all 8 ranks on GPU 0.
+    Every rank of the machine refuses (local rank 0 as well as the others); one visible GPU
+    per rank (a scheduler's binding), one rank, or the CPU stay allowed."""
+    def chosen(local_rank: int, local_ranks: int | None, gpus: int, device: str) -> torch.device:
+        backend = SingleBackend.on(torch.device(device))
+        backend.local_rank = local_rank
+        return backend.select_device(local_ranks, gpus=gpus)
+
+    for local_rank in range(4):
+        with pytest.raises(ConfigError, match="would put every rank on GPU 0") as caught:
+            chosen(local_rank, 4, 8, "cuda:0")
+        assert "--device cuda" in caught.value.fix
+    with pytest.raises(ConfigError, match="GPU 3"):
+        chosen(2, None, 8, "cuda:3")  # no local count, but a local rank past 0 shows several
+    assert chosen(1, 4, 1, "cuda:0") == torch.device("cuda", 0)  # CUDA_VISIBLE_DEVICES binding
+    assert chosen(0, 1, 8, "cuda:5") == torch.device("cuda", 5)  # one rank: any GPU it names
+    assert chosen(2, 4, 8, "cpu") == torch.device("cpu")
+    assert chosen(2, 4, 8, "cuda") == torch.device("cuda", 2)  # no index: its own GPU

@@ -114,3 +114,43 @@ def test_the_watchdog_thread_reports_a_stuck_wait() -> None:
         assert called.wait(5), "the watchdog never fired"
     assert 0.3 <= time.monotonic() - started < 2
     assert len(reported) == 1 and "in the built-in VAE broadcast for" in str(reported[0])
+
+
+class LateResult:
+    """An all-reduce's result as NCCL returns it: the call comes back at once and the wait
+    happens when the host reads it (`.tolist()`); records where the rank was waiting then."""
+
+    def __init__(self, values: list[float], watch: CollectiveWatch, seen: list[str]) -> None:
+        self.values, self.watch, self.seen = values, watch, seen
+
+    def tolist(self) -> list[float]:
+        self.seen.append(self.watch.where())
+        return self.values
+
+
+def test_a_collectives_result_is_read_inside_its_named_wait() -> None:
+    """Issue 24, item 5: `drain` read the metrics all-reduce's result after the waiting
+    block had closed, so on NCCL a dead peer left the rank waiting unnamed (NCCL's own
+    abort, not our line). The read must happen inside the block that names the wait."""
+    import torch
+
+    from dalle_dist.backends.single import SingleBackend
+    from dalle_dist.train.loop import DeviceSums
+
+    seen: list[str] = []
+
+    class TwoRanks(SingleBackend):
+        def _average(self, tensor: torch.Tensor, name: str) -> LateResult:  # type: ignore[override]
+            assert self.watch is not None
+            return LateResult(tensor.float().tolist(), self.watch, seen)
+
+    backend = TwoRanks.on(torch.device("cpu"))
+    backend.world_size = 2
+    sums = DeviceSums()
+    sums.add({"loss": torch.tensor(2.0)})
+    values, stop = sums.drain(backend, True, torch.device("cpu"))
+    assert values == {"loss": 2.0} and stop
+    assert seen == ["the metrics and stop-flag all-reduce"]
+    assert backend.average_to_host(torch.tensor([1.0, 3.0]), "the validation loss all-reduce") \
+        == [1.0, 3.0]
+    assert seen[-1] == "the validation loss all-reduce"

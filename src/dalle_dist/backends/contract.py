@@ -21,7 +21,7 @@ from torch import nn
 
 from dalle_dist.backends.config import DistributedConfig
 from dalle_dist.backends.engine import Engine, OptimizerFactory, SchedulerFactory
-from dalle_dist.backends.placement import rank_device
+from dalle_dist.backends.placement import check_explicit_gpu, rank_device
 from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.precision import Precision, apex_amp
 from dalle_dist.backends.precision_kinds import PrecisionKind
@@ -133,6 +133,7 @@ class DistributedBackend(ABC):
             gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         requested = self.requested_device
         if requested is not None and (requested.type != "cuda" or requested.index is not None):
+            check_explicit_gpu(requested, local_ranks or self.local_rank + 1, gpus)
             device = requested
         elif gpus == 0:
             device = requested or torch.device("cpu")
@@ -187,6 +188,16 @@ class DistributedBackend(ABC):
             return tensor.detach().float()
         with self.waiting(name):
             return self._average(tensor, name)
+
+    def average_to_host(self, tensor: torch.Tensor, name: str) -> list[float]:
+        """Mean of `tensor` over ranks, read back to the host inside the named wait. On NCCL
+        the all-reduce returns at once and the rank waits in the read (`.tolist()`), so a
+        read outside the block would wait unnamed and unbounded by --collective_timeout
+        (docs/design.md, "No silent hangs"). A host synchronisation: logging steps only."""
+        if self.world_size == 1:
+            return tensor.detach().float().tolist()
+        with self.waiting(name):
+            return self._average(tensor, name).tolist()
 
     def all_gather_object(self, obj: Any, name: str) -> list[Any]:
         """Every rank's `obj`, in rank order."""

@@ -41,3 +41,17 @@ def rank_device(local_rank: int, local_ranks: int, gpus: int, launch: str,
         raise ConfigError(f"{ranks} ranks on this machine but {gpus} visible GPU(s): "
                           "ranks would have to share a GPU", fix)
     return torch.device("cuda", local_rank)
+
+
+def check_explicit_gpu(requested: torch.device, local_ranks: int, gpus: int) -> None:
+    """Refuse `--device cuda:N` when several ranks of this machine see several GPUs: every
+    rank would take GPU N (two models and optimizers in its memory, and NCCL stopping with
+    "Duplicate GPU detected"). One visible GPU per rank is a scheduler's per-rank binding,
+    where cuda:0 is each rank's own GPU, and stays allowed. Every input is a count all ranks
+    of a machine see alike, so all of them refuse before any waits for another."""
+    if requested.type != "cuda" or requested.index is None or local_ranks <= 1 or gpus <= 1:
+        return
+    raise ConfigError(f"--device {requested} with {local_ranks} ranks on this machine and "
+                      f"{gpus} visible GPUs would put every rank on GPU {requested.index}",
+                      "pass --device cuda (each rank takes its own GPU, cuda:LOCAL_RANK), or "
+                      "leave --device out")

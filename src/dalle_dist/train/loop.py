@@ -60,7 +60,7 @@ class DeviceSums:
         names = sorted(self.sums)
         flag = torch.tensor([float(stop)], device=device)
         packed = torch.cat([torch.stack([self.sums[n] for n in names]), flag]) if names else flag
-        values = backend.average(packed, "the metrics and stop-flag all-reduce").tolist()
+        values = backend.average_to_host(packed, "the metrics and stop-flag all-reduce")
         self.sums, self.steps = {}, 0
         return dict(zip(names, values[:-1], strict=True)), values[-1] > 0
 

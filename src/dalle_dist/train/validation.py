@@ -67,7 +67,7 @@ def validation_loss(task: Task, engine: Engine, backend: DistributedBackend,
         with backend.waiting("the validation pass"):
             sums = held_out_sums(task, engine, device, held_out.batches())
     # One all-reduce for the pass; the mean of the ranks' sums keeps their ratio.
-    total, count = backend.average(sums, "the validation loss all-reduce").tolist()
+    total, count = backend.average_to_host(sums, "the validation loss all-reduce")
     return total / max(count, 1e-12)
 
 
