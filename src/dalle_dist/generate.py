@@ -99,7 +99,7 @@ class GenerateJob:
     """Everything `dalle-dist generate` reads (as train.job.TrainJob for `train`)."""
 
     prompts: PromptsConfig
-    sampling: GenerateConfig = field(default_factory=lambda: GenerateConfig())
+    sampling: GenerateConfig = field(default_factory=GenerateConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     taming: TamingConfig = field(default_factory=TamingConfig)
     device: str | None = None  # --device (DistributedConfig's flag); None: a GPU if any

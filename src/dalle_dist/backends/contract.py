@@ -182,13 +182,6 @@ class DistributedBackend(ABC):
             with self.waiting(name):
                 self._barrier()
 
-    def average(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
-        """Mean of `tensor` over ranks (float32; no host synchronisation)."""
-        if self.world_size == 1:
-            return tensor.detach().float()
-        with self.waiting(name):
-            return self._average(tensor, name)
-
     def average_to_host(self, tensor: torch.Tensor, name: str) -> list[float]:
         """Mean of `tensor` over ranks, read back to the host inside the named wait. On NCCL
         the all-reduce returns at once and the rank waits in the read (`.tolist()`), so a
