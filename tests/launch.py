@@ -193,11 +193,14 @@ def torchrun_nodes(*args: str, nodes: int = 2, cwd: Path | None = None,
 
 
 def logged_steps(metrics: Path) -> list[int]:
-    """The steps of a run's metrics lines, in the order written (a resumed run appends)."""
+    """The steps of a run's metrics lines, in the order written (a resumed run appends).
+
+    Only whole lines count: read while the run appends, the file can end in part of a line
+    (a CI run read '{"time": 4' and failed on it)."""
     if not metrics.exists():
         return []
-    return [json.loads(line)["step"] for line in metrics.read_text().splitlines()
-            if line.strip()]
+    whole = metrics.read_text().split("\n")[:-1]
+    return [json.loads(line)["step"] for line in whole if line.strip()]
 
 
 def logged_step(metrics: Path) -> int:
