@@ -26,7 +26,11 @@ from typing import Any
 import torch
 
 from dalle_dist.backends import Engine
-from dalle_dist.checkpoint.format import read_checkpoint_file, write_checkpoint_file
+from dalle_dist.checkpoint.format import (
+    mapped_privately,
+    read_checkpoint_file,
+    write_checkpoint_file,
+)
 from dalle_dist.errors import CheckpointError
 from dalle_dist.fileio import atomic_writer, quiet_output
 
@@ -136,9 +140,9 @@ def consolidated_weights(directory: str | Path, tag: str, flag: str) -> dict[str
     if not any((directory / tag).glob("*optim_states.pt")):
         with quiet_output():  # importing DeepSpeed's classes prints its accelerator choice
             allowed = _deepspeed_classes()
-        with torch.serialization.safe_globals(allowed):
-            states = torch.load(directory / tag / "mp_rank_00_model_states.pt",
-                                map_location="cpu", weights_only=True)
+        file = directory / tag / "mp_rank_00_model_states.pt"
+        with torch.serialization.safe_globals(allowed), mapped_privately():
+            states = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
         return {k: v.float() if v.is_floating_point() else v for k, v in states["module"].items()}
     with quiet_output():  # DeepSpeed's import warnings and progress bars
         try:

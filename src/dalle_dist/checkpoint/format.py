@@ -7,13 +7,18 @@ also carries its VAE (config and weights), so it alone is enough to sample.
 
 Writing: one torch.save of plain types and tensors, atomically (temporary file, fsync,
 rename). Reading: torch.load(weights_only=True) only, so a file carrying pickled objects
-is refused before any of its code can run.
+is refused before any of its code can run; and memory-mapped copy-on-write, so the ranks of
+a node share one copy of the file in the page cache (docs/checkpoints.md, "Host memory at
+resume").
 """
 
 from __future__ import annotations
 
+import contextlib
+import mmap as mmap_flags
 import pickle
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,7 +89,6 @@ def write_checkpoint_file(path: str | Path, payload: dict[str, Any]) -> None:
         torch.save(payload, f)
 
 
-
 def load_weights_only(path: Path, flag: str, pickled_fix: str, corrupt_fix: str, *,
                       mmap: bool = False, pickled: str = "pickled Python objects") -> Any:
     """torch.load with weights_only=True, its failures as one-line CheckpointErrors.
@@ -93,10 +97,18 @@ def load_weights_only(path: Path, flag: str, pickled_fix: str, corrupt_fix: str,
     "Unsupported global" (or class) means the file really names Python code to run, which
     is refused unread (`pickled` says what it carries, `pickled_fix` what to give
     instead); anything else is a truncated or corrupt file (`corrupt_fix`). The caller's
-    allow-list (torch.serialization.safe_globals) is in force if it set one."""
+    allow-list (torch.serialization.safe_globals) is in force if it set one.
+
+    mmap: the tensors are views of the file mapped copy-on-write (MAP_PRIVATE), whatever
+    default mmap flags the process set: pages are read when first touched and shared with
+    every process that maps the file, and an in-place op on a loaded tensor (an optimizer
+    stepping the CPU state it was given) copies the page instead of writing into the file.
+    """
+    mmap = mmap and _is_zip(path)  # torch maps its zip format only: others are read whole
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as exc:
+        with mapped_privately() if mmap else contextlib.nullcontext():
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except (pickle.UnpicklingError, KeyError) as exc:  # KeyError: bytes that are no pickle
         if "Unsupported global" in str(exc) or "Unsupported class" in str(exc):
             raise CheckpointError(f"{flag} {path} carries {pickled}, refused unread (loading "
                                   "it could run arbitrary code)", pickled_fix) from None
@@ -107,10 +119,43 @@ def load_weights_only(path: Path, flag: str, pickled_fix: str, corrupt_fix: str,
         raise CheckpointError(f"{flag} {path} is not a readable checkpoint ({reason})",
                               f"the file is truncated or corrupt; {corrupt_fix}") from None
 
-def read_checkpoint_file(path: str | Path, flag: str, mmap: bool = False) -> dict[str, Any]:
+
+def _is_zip(path: Path) -> bool:
+    """Whether the file starts as torch's zip format does (torch.serialization checks the
+    same four bytes)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def mapped_privately() -> Iterator[None]:
+    """torch.load(mmap=True) maps with the process-wide default flags, MAP_PRIVATE unless
+    someone called torch.serialization.set_default_mmap_options(MAP_SHARED): then writes
+    to a loaded tensor would reach the checkpoint file. Windows has no such flags (torch
+    maps copy-on-write there)."""
+    private = getattr(mmap_flags, "MAP_PRIVATE", None)
+    if private is None:
+        yield
+        return
+    previous = torch.serialization.get_default_mmap_options()
+    # called, not entered: a plain function in older torch, a context manager in newer
+    torch.serialization.set_default_mmap_options(private)
+    try:
+        yield
+    finally:
+        torch.serialization.set_default_mmap_options(previous)
+
+
+def read_checkpoint_file(path: str | Path, flag: str, mmap: bool = True) -> dict[str, Any]:
     """The payload of a dalle_dist single-file checkpoint, or a one-line CheckpointError.
 
-    mmap: map the tensors instead of reading them (to look at the metadata cheaply).
+    mmap (the default, for every reader: resume, --dalle_path, --vae_path, generate, the
+    checkpoint tools): the tensors map the file copy-on-write instead of being read into
+    this process's memory (load_weights_only), so looking at the metadata reads no
+    weights, and the ranks of a node that all load one file share it in the page cache.
     """
     path = Path(path)
     if not path.exists():

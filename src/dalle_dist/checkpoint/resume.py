@@ -98,7 +98,7 @@ def newest_checkpoint(paths: OutputFiles, log: Log) -> Path | None:
         if not file.is_file():
             continue
         try:
-            found.append((_position(read_checkpoint_file(file, "--resume", mmap=True)), 0, file))
+            found.append((_position(read_checkpoint_file(file, "--resume")), 0, file))
         except CheckpointError as exc:
             log.info(f"warning: skipping {file}: {exc}")
         else:
@@ -140,7 +140,7 @@ def describe_existing(paths: OutputFiles, log: Log) -> str | None:
         return (f"{stores[0]} already exists and is not a readable dalle_dist checkpoint, "
                 "so a new run would replace it")
     meta = (read_ds_meta(newest, "--resume") if newest.is_dir()
-            else read_checkpoint_file(newest, "--resume", mmap=True))
+            else read_checkpoint_file(newest, "--resume"))
     kind = KIND_NAMES.get(meta.get("kind"), "a")
     deepspeed = " (DeepSpeed directory)" if newest.is_dir() else ""
     return (f"{newest}{deepspeed} already holds {kind} checkpoint at step {meta['step']} "
@@ -274,7 +274,9 @@ def _show(value: Any) -> str:
 
 def read_start(start: Start, kind: str, backend: DistributedBackend, log: Log
                ) -> dict[str, Any] | None:
-    """The checkpoint the run continues from, read by every rank (None: a fresh run).
+    """The checkpoint the run continues from, read by every rank (None: a fresh run);
+    a single file is mapped, not read, so the ranks of a node share one copy of it
+    (read_checkpoint_file).
 
     The deepspeed backend gets a DeepSpeed directory unconsolidated: it loads its own
     partitions (load_ds_checkpoint)."""

@@ -121,14 +121,14 @@ def inspect_checkpoint(path: str | Path, flag: str = "PATH") -> dict[str, Any]:
         tag = latest_tag(path, flag)
         aux = path / tag / AUXILIARY_FILE
         # read_ds_meta raises the one-line error for a tag without our metadata.
-        meta = (read_checkpoint_file(aux, flag, mmap=True) if aux.is_file()
+        meta = (read_checkpoint_file(aux, flag) if aux.is_file()
                 else read_ds_meta(path, flag))
         tags = sorted((p.name for p in path.iterdir() if p.is_dir() and tag_order(p.name)),
                       key=lambda name: tag_order(name) or (0, 0))
         tag_sizes = {name: tree_size(path / name) for name in tags}
         optimizer = True  # DeepSpeed keeps it in the tag (optim_states or model_states)
     else:
-        meta = read_checkpoint_file(path, flag, mmap=True)
+        meta = read_checkpoint_file(path, flag)
         tag, tags, tag_sizes = None, [], {}
         optimizer = meta.get("optimizer") is not None
     parameters, weights = {}, {}
@@ -221,7 +221,7 @@ def _not_a_ds_dir(path: Path) -> CheckpointError:
         return CheckpointError(f"DS_DIR {path} is a folder with no 'latest' file and no "
                                "global_stepN tag, not a DeepSpeed checkpoint directory", fix)
     try:
-        kind = read_checkpoint_file(path, "DS_DIR", mmap=True)["kind"]
+        kind = read_checkpoint_file(path, "DS_DIR")["kind"]
     except CheckpointError:
         return CheckpointError(f"DS_DIR {path} is a file, not a DeepSpeed checkpoint "
                                "directory", fix)
