@@ -21,6 +21,7 @@ from dalle_dist.errors import ConfigError
 from dalle_dist.fileio import atomic_writer, ensure_writable_dir
 from dalle_dist.model import DALLE, ImageTokenizer
 from dalle_dist.model.decoding import StaticDecoder
+from dalle_dist.train.cuda_settings import TF32_ON, set_cudnn_benchmark, set_tf32
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class GenerateJob:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     taming: TamingConfig = field(default_factory=TamingConfig)
     device: str | None = None  # --device (DistributedConfig's flag); None: a GPU if any
+    no_tf32: bool = False  # --no_tf32 (ComputeConfig's flag, as train's)
 
     def validate(self) -> None:
         self.sampling.validate()
@@ -185,10 +187,12 @@ def complete_caption(sampler: Sampler, prompt: str, config: GenerateConfig,
 def generate(dalle_path: str, prompts: Sequence[str], outputs_dir: str, config: GenerateConfig,
              device: torch.device, log: Callable[[str], None] = print,
              tokenizer: TokenizerConfig | None = None,
-             taming: TamingConfig | None = None) -> list[Path]:
+             taming: TamingConfig | None = None, tf32: bool = True) -> list[Path]:
     """Write num_images PNGs and grid.png per prompt; returns the grid paths.
     tokenizer: --bpe_path / --hug / --chinese (see load_sampler); taming: the --taming /
-    --vqgan_* flags, checked against the checkpoint's VQGAN."""
+    --vqgan_* flags, checked against the checkpoint's VQGAN. On CUDA, TF32 (unless
+    `tf32` is False: --no_tf32) and cuDNN's autotuning are set as train sets them
+    (train.cuda_settings)."""
     config.validate()
     dtype = config.check_precision(device)
     if taming is not None:
@@ -198,6 +202,9 @@ def generate(dalle_path: str, prompts: Sequence[str], outputs_dir: str, config: 
                           'give some words, e.g. --text "a red circle", or pass --gentxt to '
                           "let the model write the caption")
     out_root = ensure_writable_dir(outputs_dir, "--outputs_dir")
+    if set_tf32(device, tf32):
+        log(TF32_ON)
+    set_cudnn_benchmark(device)
     sampler = load_sampler(dalle_path, device, tokenizer=tokenizer, taming=taming, dtype=dtype)
     if config.cond_scale != 1.0 and not sampler.model.config.null_cond_prob:
         log(f"warning: --cond_scale {config.cond_scale} on a model trained without "

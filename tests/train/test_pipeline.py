@@ -1,5 +1,5 @@
-"""The input side of a step on CUDA, proven on CPU: TF32, pinned worker loading, and the
-frozen VAE encoding in the run's precision.
+"""The input side of a step on CUDA, proven on CPU: TF32, pinned worker loading (and
+captions nulled in pinned memory), and the frozen VAE encoding in the run's precision.
 
 No GPU is needed: the TF32 switches are process-wide torch settings that read back on a
 CPU build, and a `cuda` device object builds a loader without touching a GPU.
@@ -23,7 +23,7 @@ from dalle_dist.data.tokenizer import ByteTokenizer
 from dalle_dist.model import DALLEConfig, DiscreteVAE, VAEConfig
 from dalle_dist.train.commands import loader_workers, rank_loader, set_tf32
 from dalle_dist.train.config import TrainConfig
-from dalle_dist.train.dalle_task import DALLETask
+from dalle_dist.train.dalle_task import DALLETask, null_captions
 from dalle_dist.train.run_log import RunLog
 
 CPU = torch.device("cpu")
@@ -87,6 +87,34 @@ def test_cuda_runs_load_in_pinned_workers_by_default() -> None:
     assert _loader("cpu", data) == (0, False)
     assert _loader("cpu", DataConfig(shapes_count=32, num_workers=2)) == (2, False)
     assert _loader("cuda", DataConfig(shapes_count=32, num_workers=0)) == (0, True)
+
+
+def test_null_captions_keep_a_pinned_batch_pinned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loader pins captions on CUDA; --null_cond_prob's product must land in pinned
+    memory too, or the step's non_blocking copy of it runs synchronously (seen: a pageable
+    `text * mask`). Pinning needs an accelerator: with one, a pinned batch is checked;
+    without (torch refuses to pin), that pinned memory is asked for. The values are those
+    of the CPU RNG's draw either way."""
+    text = torch.randint(1, 50, (64, 8))
+    torch.manual_seed(3)
+    expected = text * (torch.rand(64) >= 0.5).unsqueeze(1)
+    torch.manual_seed(3)
+    if torch.cuda.is_available():
+        nulled = null_captions(text.pin_memory(), 0.5)
+        assert nulled.is_pinned()
+    else:
+        asked: list[bool] = []
+        empty_like = torch.empty_like
+
+        def pinned_request(like: torch.Tensor, **kwargs: bool) -> torch.Tensor:
+            asked.append(kwargs.get("pin_memory", False))
+            return empty_like(like, **{**kwargs, "pin_memory": False})
+
+        monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: True)  # as the loader's
+        monkeypatch.setattr(torch, "empty_like", pinned_request)
+        nulled = null_captions(text, 0.5)
+        assert asked == [True]
+    assert torch.equal(nulled, expected)
 
 
 def _task(vae: DiscreteVAE, precision: str) -> DALLETask:

@@ -27,7 +27,7 @@ from dalle_dist.model import DALLEConfig, DiscreteVAE, VAEConfig
 from dalle_dist.train.config import TrainConfig, VAESchedule, ValidationConfig
 from dalle_dist.train.dalle_task import DALLETask
 from dalle_dist.train.vae_task import VAETask
-from dalle_dist.train.validation import validation_loss
+from dalle_dist.train.validation import held_out_sums, validation_loss
 from tests import launch
 from tests.conftest import TINY_DALLE_FLAGS, TINY_VAE_FLAGS, assert_user_error, run_cli
 from tests.train.test_loss_plot import COLOURS as PLOT_COLOURS
@@ -243,6 +243,42 @@ def test_vae_validation_loss_is_fixed_for_fixed_weights_and_leaves_the_rng() -> 
     hand = sum(out["loss"].item() * n for out, n in weighted) / held.samples
     assert abs(first - hand) < 1e-6, (first, hand)
     assert all(out["kl"] > 0 and out["loss"] > out["recon_loss"] for out, _ in weighted)
+
+
+class _Losses:
+    """A task and engine whose forward hands back the next of a list of mean losses."""
+
+    def __init__(self, losses: list[torch.Tensor]) -> None:
+        self.losses = iter(losses)
+
+    def inputs(self, batch: Any, device: torch.device, training: bool = True) -> tuple:
+        return ()
+
+    def forward(self) -> dict[str, torch.Tensor]:
+        return {"loss": next(self.losses)}
+
+
+def test_held_out_sums_count_samples_on_the_host() -> None:
+    """[sum of mean loss x n, total n], with no tensor made from host data per batch (on
+    CUDA each was a pageable host-to-device copy: seen, one torch.tensor(n) per batch).
+    The padding batches weigh 0."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class FromHost(TorchDispatchMode):
+        made = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            self.made += func is torch.ops.aten.lift_fresh.default
+            return func(*args, **(kwargs or {}))
+
+    losses = [torch.tensor(v) for v in (2.0, 3.0, 5.0, 7.0)]
+    fake = _Losses(losses)
+    with FromHost() as seen:
+        sums = held_out_sums(fake, fake, torch.device("cpu"),  # type: ignore[arg-type]
+                             [(None, 3), (None, 3), (None, 1), (None, 0)])
+    assert sums.tolist() == [2 * 3 + 3 * 3 + 5 * 1, 7]
+    assert seen.made == 0
 
 
 def rank_main(out: Path) -> None:

@@ -33,8 +33,8 @@ class DDPEngine(Engine):
 
 class TorchBackend(TorchDistributedBackend):
     name = "torch"
-    # gradient_as_bucket_view is off: the buckets hold a copy of every gradient.
-    plan_terms = PlanTerms("torch DDP", cost_rank=(1,), gradient_copies=("ddp_buckets",))
+    # gradient_as_bucket_view: the gradients are views into the all-reduce buckets.
+    plan_terms = PlanTerms("torch DDP", cost_rank=(1,), resident_grads=True)
 
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
                    make_scheduler: SchedulerFactory,
@@ -44,7 +44,14 @@ class TorchBackend(TorchDistributedBackend):
         module = module.to(device)
         module, optimizer = precision.prepare(module, make_optimizer(module.parameters()))
         # DDP broadcasts rank 0's parameters and buffers here: every rank starts equal.
+        # gradient_as_bucket_view: each gradient is a view into its all-reduce bucket, so
+        # backward writes no second copy. What the engine does to gradients stays in place
+        # (clipping's and GradScaler's unscale's in-place multiplies, accumulation in
+        # no_sync). zero_grad(set_to_none=True) drops the views: the next backward makes
+        # each gradient afresh, and DDP copies it into its bucket and points .grad there
+        # again, one parameter at a time (inside no_sync, where DDP's hooks wait, the
+        # window's gradients stay fresh tensors until its last micro-batch).
         ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda"
-                                      else None)
+                                      else None, gradient_as_bucket_view=True)
         return DDPEngine(ddp, optimizer, make_scheduler(optimizer), precision,
                          is_root=self.is_root, watch=self.watch, ga_steps=self.ga_steps)

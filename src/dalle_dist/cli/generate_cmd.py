@@ -9,6 +9,7 @@ from dalle_dist.checkpoint.taming import TamingConfig
 from dalle_dist.config_base import add_flags, from_args
 from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.generate import GenerateConfig, GenerateJob, PromptsConfig
+from dalle_dist.model.config import ComputeConfig
 
 
 def add_generate(p: argparse.ArgumentParser) -> None:
@@ -21,6 +22,7 @@ def add_generate(p: argparse.ArgumentParser) -> None:
         "one it carries)"), TokenizerConfig)
     add_flags(p, PromptsConfig, only=["outputs_dir"])
     add_flags(p, DistributedConfig, only=["device"])
+    add_flags(p, ComputeConfig, only=["no_tf32"])
     add_flags(p.add_argument_group(
         "VQGAN (optional: a DALL-E checkpoint carries its VQGAN; given, they must name it)"),
         TamingConfig)
@@ -32,7 +34,8 @@ def generate_job(args: argparse.Namespace) -> GenerateJob:
     return GenerateJob(prompts=from_args(PromptsConfig, args),
                        sampling=from_args(GenerateConfig, args),
                        tokenizer=from_args(TokenizerConfig, args),
-                       taming=from_args(TamingConfig, args), device=args.device)
+                       taming=from_args(TamingConfig, args), device=args.device,
+                       no_tf32=args.no_tf32)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -46,7 +49,7 @@ def run_generate(args: argparse.Namespace) -> int:
     device = SingleBackend.on(torch.device(job.device) if job.device else None).device
     grids = generate(job.prompts.dalle_path, split_prompts(job.prompts.text),
                      job.prompts.outputs_dir, job.sampling, device, tokenizer=job.tokenizer,
-                     taming=job.taming)
+                     taming=job.taming, tf32=not job.no_tf32)
     for grid in grids:
         print(f"grid: {grid}")
     return 0

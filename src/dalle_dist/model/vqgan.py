@@ -17,6 +17,7 @@ works in [-1, 1], so the conversion happens here and nowhere else.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -264,6 +265,21 @@ class Decoder(nn.Module):
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
+@contextlib.contextmanager
+def exact_fp32_matmuls() -> Iterator[None]:
+    """fp32 matmuls at "highest" precision while inside (no TF32 on CUDA), the process's
+    setting restored after. Through set_float32_matmul_precision, the spelling
+    train.cuda_settings.set_tf32 uses: on torch >= 2.9 setting the new fp32_precision
+    instead would make later reads of this one raise. Each matmul reads the setting when
+    it is launched, so kernels queued before or after are unaffected."""
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved)
+
+
 class VectorQuantizer(nn.Module):
     """Nearest codebook entry (squared L2) per position; the codebook is `embedding`."""
 
@@ -272,12 +288,14 @@ class VectorQuantizer(nn.Module):
         self.embedding = nn.Embedding(n_embed, embed_dim)
 
     def indices(self, z: Tensor) -> Tensor:
-        """[b, d, h, w] -> [b, h*w] codebook ids, row-major. Distances in fp32 even under
-        autocast: neighbouring entries of a large codebook are closer than bf16 resolves.
-        (The meta device, on which `plan` sizes the encoder, has no autocast to turn off.)"""
+        """[b, d, h, w] -> [b, h*w] codebook ids, row-major. Distances in full fp32 even
+        under autocast and under training's TF32 (exact_fp32_matmuls): neighbouring
+        entries of a large codebook are closer than bf16, or TF32's 10-bit mantissa,
+        resolves. (The meta device, on which `plan` sizes the encoder, has no autocast to
+        turn off.)"""
         device = z.device.type
         with (torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device)
-              else contextlib.nullcontext()):
+              else contextlib.nullcontext()), exact_fp32_matmuls():
             flat = z.float().flatten(2).transpose(1, 2)  # [b, hw, d]
             codebook = self.embedding.weight.float()
             distances = (flat.pow(2).sum(-1, keepdim=True) + codebook.pow(2).sum(-1)

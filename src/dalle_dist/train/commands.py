@@ -47,6 +47,7 @@ from dalle_dist.model.attention_paths import flex_dropout_error
 from dalle_dist.model.config import ComputeConfig
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
 from dalle_dist.train.config import ResumeConfig, RunPaths, TrackerConfig, TrainConfig
+from dalle_dist.train.cuda_settings import TF32_ON, set_cudnn_benchmark, set_tf32
 from dalle_dist.train.dalle_task import DALLETask
 from dalle_dist.train.evaluate import evaluate_fidelity
 from dalle_dist.train.flops import profile_step
@@ -64,22 +65,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def set_tf32(device: torch.device, enabled: bool) -> bool:
-    """TensorFloat-32 for fp32 matmuls and cuDNN convolutions when the run is on CUDA (on
-    by default: --no_tf32 turns it off); returns whether it is on. On CPU nothing is
-    touched: the settings are process-wide and mean nothing there.
-
-    Matmuls go through set_float32_matmul_precision and convolutions through cudnn's
-    allow_tf32, the spellings every torch since 2.4 has; torch >= 2.9 reads them back
-    through its new fp32_precision settings as well (setting those instead would make
-    any later read of the old ones raise)."""
-    if device.type != "cuda":
-        return False
-    torch.set_float32_matmul_precision("high" if enabled else "highest")
-    torch.backends.cudnn.allow_tf32 = enabled
-    return enabled
 
 
 def loader_workers(data_cfg: DataConfig, backend: DistributedBackend) -> int:
@@ -188,11 +173,12 @@ class RunSetup:
               log: RunLog, tf32: bool = True, trackers: TrackerConfig | None = None
               ) -> RunSetup:
         """What every command does before its model exists, with every rank on one path:
-        TF32 set for CUDA, the flags checked on all ranks, the output and resume decided
-        by the root, the checkpoint to continue read by all and held against the model
-        flags given."""
+        TF32 and cuDNN's autotuning set for CUDA (train.cuda_settings), the flags checked
+        on all ranks, the output and resume decided by the root, the checkpoint to
+        continue read by all and held against the model flags given."""
         if set_tf32(backend.device, tf32):
-            log.info("fp32 matmuls and convolutions run in TF32 (--no_tf32: full fp32)")
+            log.info(TF32_ON)
+        set_cudnn_benchmark(backend.device)
         seed_everything(train_cfg.seed)
         backend.everywhere("the flag check", lambda: backend.check_config(train_cfg.batch_size))
         start = backend.on_root("the resume decision",
@@ -225,6 +211,10 @@ class RunSetup:
                  f"{describe_batch(backend, train_cfg.batch_size, loader)}")
         state = None if payload is None else restore_training(
             payload, engine, backend, train_cfg.batch_size, train_cfg.seed, log)
+        # The model and optimizer hold what they need of it now. The payload's tensors map
+        # the checkpoint file (checkpoint/format.py): dropped, the map goes with them, and
+        # a file the run later prunes gives its disk space back.
+        self.payload = payload = None
         replaces = self.start.replaces  # --overwrite: the earlier run's files go after it
         checkpointer = Checkpointer(
             self.paths.checkpoint, task, engine, backend,

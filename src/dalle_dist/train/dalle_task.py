@@ -29,9 +29,12 @@ def null_captions(text: torch.Tensor, prob: float) -> torch.Tensor:
     padding, id 0, which the model turns into its padding tokens) with probability `prob`.
 
     Drawn on the CPU from the global RNG, which each rank seeds and every checkpoint
-    records, so a resumed run draws the same masks; the host tensor needs no device sync."""
+    records, so a resumed run draws the same masks; the host tensor needs no device sync.
+    The result is pinned when `text` is (the loader pins on CUDA): a product in pageable
+    memory would make the step's non_blocking copy to the device a synchronous one."""
     keep = torch.rand(text.shape[0]) >= prob
-    return text * keep.unsqueeze(1).to(text.dtype)
+    out = torch.empty_like(text, pin_memory=text.is_pinned())
+    return torch.mul(text, keep.unsqueeze(1).to(text.dtype), out=out)
 
 
 class DALLETask(Task):

@@ -48,12 +48,16 @@ class HeldOut(Protocol):
 def held_out_sums(task: Task, engine: Engine, device: torch.device,
                   batches: Any) -> torch.Tensor:
     """[sum of mean loss x real samples, real samples] over this rank's weighted batches,
-    on the device (no value read back here)."""
-    total = torch.zeros(2, device=device, dtype=torch.float32)
+    on the device (no value read back here). The samples are counted on the host (each
+    batch's weight is a Python int) and the count filled in on the device once, at the
+    end: no host-to-device copy per batch."""
+    loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+    samples = 0
     for batch, n in batches:
         loss = engine.forward(*task.inputs(batch, device, training=False))["loss"]
-        total += torch.stack([loss.detach().float() * n, torch.tensor(float(n), device=device)])
-    return total
+        loss_sum += loss.detach().float() * n
+        samples += n
+    return torch.stack([loss_sum, torch.full((), float(samples), device=device)])
 
 
 def validation_loss(task: Task, engine: Engine, backend: DistributedBackend,
