@@ -1,9 +1,15 @@
 """How the backend tests launch `train` on each engine, and what they read back from a run:
-digest lines, metrics, checkpoints. Shared so that every comparison uses the same runs."""
+digest lines, metrics, checkpoints. Shared so that every comparison uses the same runs.
+
+The torch and DeepSpeed runs start each rank through tests/backends/dtype_probe.py, which
+adds one line to the output: the dtypes the first step's forward computed in
+(tests/backends/test_precision.py compares DeepSpeed's with DDP's). It only records.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,10 +30,28 @@ COMMON = [*TINY_DALLE_FLAGS, "--epochs", "1", "--shapes_count", str(STEPS * BATC
 RTOL, ATOL = 1e-4, 1e-5
 
 Launcher = Callable[..., "launch.subprocess.CompletedProcess[str]"]
+ROOT = Path(__file__).resolve().parents[2]
+DTYPE_PROBE = "tests.backends.dtype_probe"
+
+
+def dtype_probed(launcher: str) -> Launcher:
+    """`launcher` (torchrun or deepspeed, as tests/launch.py names them) with every rank
+    started as `python -m tests.backends.dtype_probe ARGS`."""
+    def run(*args: str, nproc: int = 2, cwd: Path | None = None,
+            env: dict[str, str] | None = None, timeout: float = launch.LAUNCH_TIMEOUT
+            ) -> launch.subprocess.CompletedProcess[str]:
+        path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+        cmd = launch.command(launcher, *args, nproc=nproc, module=DTYPE_PROBE)
+        return launch._run(cmd, cwd, {"PYTHONPATH": path, **(env or {})}, timeout)
+    run.__name__ = launcher  # (tests/backends/conftest.py launches its probes by this name)
+    return run
+
+
 RUNS: dict[str, tuple[Launcher, list[str]]] = {
-    "torch": (launch.torchrun, ["--distributed_backend", "torch"]),
+    "torch": (dtype_probed("torchrun"), ["--distributed_backend", "torch"]),
     "fsdp": (launch.torchrun, ["--distributed_backend", "fsdp"]),
-    **{f"deepspeed-zero{stage}": (launch.deepspeed, ["--deepspeed", "--zero_stage", str(stage)])
+    **{f"deepspeed-zero{stage}": (dtype_probed("deepspeed"),
+                                  ["--deepspeed", "--zero_stage", str(stage)])
        for stage in range(4)},
     "horovod": (launch.horovodrun, ["--distributed_backend", "horovod"]),
 }

@@ -1,8 +1,9 @@
 """--precision on every backend, proven applied rather than merely accepted.
 
-A precision flag that is silently dropped (autocast never entered, DeepSpeed's bf16
-section left disabled, the gradient scaler never stepping) still trains, so "it ran" is no
-evidence. Each run here (the trained fixture, tests/conftest.py: 2 ranks, 5 steps) must show:
+A precision flag that is silently dropped (autocast never entered, DeepSpeed's
+torch_autocast section left disabled, the gradient scaler never stepping) still trains, so
+"it ran" is no evidence. Each run here (the trained fixture, tests/conftest.py: 2 ranks, 5
+steps) must show:
 - the dtype its matmuls really produced on the first step (the loop logs it from forward
   hooks on the linear layers);
 - results close to the same backend's fp32 run but not bit-identical to it (fp32 runs
@@ -10,17 +11,25 @@ evidence. Each run here (the trained fixture, tests/conftest.py: 2 ranks, 5 step
 - for fp16, a loss scaler that stepped every step: its growth count in the checkpoint
   equals the step count, the scale is logged, and a resumed run continues the count.
 bf16 runs on every backend; fp16 on every backend but DeepSpeed, which refuses it on CPU.
+DeepSpeed's bf16 must compute as DDP's does (fp32 weights, norms and loss: the dtypes its
+forward hooks saw, tests/backends/dtype_probe.py), and its config must let a JSON tune the
+precision sections but not choose the precision.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+from dalle_dist.backends.config import DistributedConfig
+from dalle_dist.backends.deepspeed import DeepSpeedBackend
+from dalle_dist.errors import ConfigError
 from tests.backends.runs import (
     STEPS,
     Run,
@@ -65,6 +74,91 @@ def test_bf16_is_applied(name: str, trained: Callable[[str, str], Run]) -> None:
     # applied is bit-identical; a broken step moves most elements, not a few percent.
     assert_close_not_identical(run, trained(name, "fp32"), rtol=1e-2, atol=3e-2)
     assert run.payload["precision"] == "bf16"
+
+
+def forward_dtypes(run: Run) -> dict[str, list[str]]:
+    """What the first step's forward computed in (tests/backends/dtype_probe.py's line)."""
+    lines = re.findall(r"dtype probe: (\{.*\})", run.text)
+    assert len(lines) == 1, "the root rank prints one dtype probe line"
+    return json.loads(lines[0])
+
+
+#: bf16's machine epsilon (2**-7): a number computed or rounded in bf16 is off by up to half.
+BF16_EPS = torch.finfo(torch.bfloat16).eps
+
+
+def test_deepspeed_bf16_computes_as_ddp_bf16(trained: Callable[[str, str], Run]) -> None:
+    """DeepSpeed's bf16 runs DDP's autocast: matmuls in bf16; parameters (the master
+    weights), LayerNorm outputs and the loss (cross_entropy's log-softmax) in fp32, as the
+    forward hooks of tests/backends/dtype_probe.py saw them; fp32 weights saved.
+
+    Same weights, data and forward: the losses and gradient norms agree far inside one bf16
+    rounding (BF16_EPS / 32 relative; observed: equal but for one norm 1e-7 apart, from
+    the two engines' fp32 reductions). DeepSpeed's bf16 section, which casts the module,
+    fails every line here: its parameters, norms and loss are bfloat16, and its losses
+    are 3.6e-3 (BF16_EPS / 2.2) off DDP's on the first step.
+    """
+    ds, ddp = trained("deepspeed-zero2", "bf16"), trained("torch", "bf16")
+    for run in (ds, ddp):
+        assert "precision bf16: the first step's matmuls ran in bfloat16" in run.text
+        assert forward_dtypes(run) == {"params": ["float32"], "norms": ["float32"],
+                                       "loss": ["float32"]}
+    assert {str(w.dtype) for w in ds.payload["weights"].values()} == {"torch.float32"}
+    assert ds.losses == pytest.approx(ddp.losses, rel=BF16_EPS / 32, abs=0)
+    assert ds.grad_norms == pytest.approx(ddp.grad_norms, rel=BF16_EPS / 32, abs=0)
+
+
+def deepspeed_config(precision: str, folder: Path, json_config: dict | None = None) -> dict:
+    """The DeepSpeed config `train --deepspeed --precision PRECISION` builds (one rank)."""
+    path = None
+    if json_config is not None:
+        path = folder / "ds.json"
+        path.write_text(json.dumps(json_config))
+    backend = DeepSpeedBackend(DistributedConfig(deepspeed=True, precision=precision,
+                                                 deepspeed_config=str(path) if path else None))
+    return backend.build_config(16, 0.5)
+
+
+@pytest.mark.parametrize(("precision", "sections"), [
+    ("bf16", {"bf16": {"enabled": False}, "fp16": {"enabled": False},
+              "torch_autocast": {"enabled": True, "dtype": "bfloat16",
+                                 "lower_precision_safe_modules": []}}),
+    ("fp16", {"bf16": {"enabled": False}, "fp16": {"enabled": True},
+              "torch_autocast": {"enabled": False}}),
+    ("fp32", {"bf16": {"enabled": False}, "fp16": {"enabled": False},
+              "torch_autocast": {"enabled": False}}),
+])
+def test_deepspeed_precision_sections(precision: str, sections: dict, tmp_path: Path) -> None:
+    """What each --precision writes (deepspeed.py's docstring says why); a JSON's other keys
+    in those sections are kept (fp16's loss scaling, torch_autocast's module list)."""
+    tuned = {"fp16": {"initial_scale_power": 12},
+             "torch_autocast": {"lower_precision_safe_modules": ["torch.nn.Linear"]}}
+    config = deepspeed_config(precision, tmp_path)
+    assert {key: config[key] for key in sections} == sections
+    config = deepspeed_config(precision, tmp_path, tuned)
+    assert config["fp16"] == {**sections["fp16"], "initial_scale_power": 12}
+    assert config["torch_autocast"] == {**sections["torch_autocast"],
+                                        "lower_precision_safe_modules": ["torch.nn.Linear"]}
+
+
+@pytest.mark.parametrize(("precision", "json_config", "said"), [
+    ("bf16", {"bf16": {"enabled": True}}, "sets bf16.enabled true, but --precision bf16 "
+                                         "runs DeepSpeed with bf16.enabled false"),
+    ("bf16", {"fp16": {"enabled": True}}, "sets fp16.enabled true, but --precision bf16"),
+    ("fp32", {"torch_autocast": {"enabled": True}}, "sets torch_autocast.enabled true"),
+    ("fp16", {"torch_autocast": {"dtype": "fp16"}}, "sets torch_autocast.dtype fp16, but "
+                                                    "--precision fp16 writes no torch_autocast"),
+])
+def test_deepspeed_json_may_not_choose_the_precision(precision: str, json_config: dict,
+                                                      said: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as error:
+        deepspeed_config(precision, tmp_path, json_config)
+    assert said in str(error.value) and "choose the precision with --precision" in \
+        str(error.value)
+    assert "\n" not in str(error.value)
+    # the same value as ours, or the same dtype by another of DeepSpeed's names, is fine
+    deepspeed_config("bf16", tmp_path, {"bf16": {"enabled": False}, "torch_autocast": {
+        "enabled": True, "dtype": "bf16"}})
 
 
 def test_fsdp_bf16_equals_ddp_bf16(trained: Callable[[str, str], Run]) -> None:

@@ -3,12 +3,42 @@
 DeepSpeed is imported only inside methods: `import dalle_dist` and `--help` never load it.
 The config is built from our flags, then a --deepspeed_config JSON is merged over it; the
 batch arithmetic is checked before DeepSpeed sees it. No `amp` block is ever written
-(DeepSpeed >= 0.19.7 rejects it): mixed precision goes through its bf16 / fp16 sections.
+(DeepSpeed >= 0.19.7 rejects it).
+
+Precision, as on the other backends: matmuls in 16 bit, LayerNorm, the logits' softmax and
+the loss in fp32, the optimizer updating fp32 weights (DeepSpeed 0.19.x, as read and run):
+
+- bf16: DeepSpeed's `torch_autocast` section, its `bf16` section off. The module stays
+  fp32 and its forward runs under torch.autocast(bf16) inside DeepSpeed's engine, so it
+  computes what DDP's bf16 computes. The fp32 parameters are the master weights (ZeRO 1-3
+  partition them; no 16-bit copy is kept), gradients are fp32, and they are reduced in
+  fp32 (`lower_precision_safe_modules` empty: DeepSpeed would otherwise reduce, and at
+  ZeRO-3 gather, Linear and Conv weights in bf16), as DDP and FSDP's reduce_dtype do.
+  bf16 needs no loss scaling. The `bf16` section instead casts the whole module to bf16
+  (norms, softmax and loss included) and keeps fp32 master weights in its optimizer.
+- fp16: DeepSpeed's `fp16` section (the module in fp16; fp32 master weights in its
+  optimizer; its dynamic loss scaler, which skips a step with an inf or nan gradient on
+  every rank alike) with the forward run under torch.autocast(fp16) by us
+  (`_autocast_forward`), so autocast's fp32 ops (LayerNorm, softmax, cross_entropy) compute
+  in fp32; only the embeddings and the residual stream stay fp16, where DDP's are fp32.
+  Not `torch_autocast` with fp16: there ZeRO 1-3 steps through a torch GradScaler of each
+  rank's own partition, measures the gradient norm on the scaled gradients, reports it
+  scaled (x 65536) and clips with it, so a binding --clip_grad_norm divides the step by the
+  scale twice (seen on 0.19.8); nor could ranks be sure to agree on a skipped step.
+  The forward is wrapped inside the module: DeepSpeed turns an autocast entered around its
+  engine off unless its own `torch_autocast` is on.
+- fp32: neither.
+
+A --deepspeed_config JSON may tune these sections (fp16's loss scale settings,
+torch_autocast's lower_precision_safe_modules, ...) but not choose the precision: an
+`enabled` in its bf16 / fp16 / torch_autocast section, or a torch_autocast `dtype`, other
+than what --precision writes is refused with one line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -63,6 +93,64 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+#: torch_autocast's dtype for each precision it runs (DeepSpeed reads the name).
+_AUTOCAST_DTYPES = {"bf16": "bfloat16"}
+#: The names DeepSpeed accepts for a dtype (its DtypeEnum), by our precision name.
+_DTYPE_ALIASES = {"bf16": {"bf16", "bfloat16", "torch.bfloat16"},
+                  "fp16": {"fp16", "float16", "half", "torch.float16"},
+                  "fp32": {"fp32", "float32", "float", "torch.float32"}}
+
+
+def precision_sections(precision: str) -> dict[str, dict[str, Any]]:
+    """The config sections that choose DeepSpeed's precision, for --precision `precision`
+    (the module docstring says why these)."""
+    autocast: dict[str, Any] = {"enabled": precision in _AUTOCAST_DTYPES}
+    if autocast["enabled"]:
+        autocast |= {"dtype": _AUTOCAST_DTYPES[precision], "lower_precision_safe_modules": []}
+    return {"bf16": {"enabled": False}, "fp16": {"enabled": precision == "fp16"},
+            "torch_autocast": autocast}
+
+
+def check_json_precision(json_config: dict[str, Any], precision: str) -> None:
+    """A --deepspeed_config may set the precision sections' other keys, not the precision:
+    each `enabled` it sets, and torch_autocast's `dtype`, must be what --precision writes."""
+    ours = precision_sections(precision)
+    for section, mine in ours.items():
+        theirs = json_config.get(section)
+        if not isinstance(theirs, dict):
+            continue
+        if "enabled" in theirs and theirs["enabled"] != mine["enabled"]:
+            said = json.dumps(theirs["enabled"])
+            raise ConfigError(
+                f"--deepspeed_config sets {section}.enabled {said}, but --precision "
+                f"{precision} runs DeepSpeed with {section}.enabled "
+                f"{json.dumps(mine['enabled'])}",
+                f"drop {section}.enabled from the JSON and choose the precision with "
+                "--precision")
+        if section == "torch_autocast" and "dtype" in theirs and not (
+                mine["enabled"] and str(theirs["dtype"]) in _DTYPE_ALIASES[precision]):
+            raise ConfigError(
+                f"--deepspeed_config sets torch_autocast.dtype {theirs['dtype']}, but "
+                f"--precision {precision} writes "
+                f"{mine.get('dtype', 'no torch_autocast')}",
+                "drop torch_autocast.dtype from the JSON and choose the precision with "
+                "--precision")
+
+
+def _autocast_forward(module: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Run `module`'s forward under torch.autocast(dtype), from inside: DeepSpeed's engine
+    turns off an autocast entered around it (Lightning and Accelerate wrap forward alike).
+    The instance attribute leaves the state_dict as it is."""
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device.type, dtype=dtype):
+            return forward(*args, **kwargs)
+
+    module.forward = autocast_forward  # type: ignore[method-assign]
+
+
 def _innermost_torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
     """DeepSpeed wraps the torch optimizer (ZeRO, bf16); schedulers need the torch one."""
     seen = 0
@@ -74,7 +162,9 @@ def _innermost_torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
 
 class DeepSpeedEngine(Engine):
     """DeepSpeed clips (gradient_clipping) and zeroes gradients inside its own step, and
-    keeps its optimizer partitions in its own checkpoint format."""
+    keeps its optimizer partitions in its own checkpoint format. Its forward runs in the
+    precision DeepSpeed was configured for (module docstring), so the Engine's own
+    precision is fp32: no autocast around it, no GradScaler."""
 
     has_native_checkpoint = True
 
@@ -85,12 +175,15 @@ class DeepSpeedEngine(Engine):
                          ga_steps=int(ds_engine.gradient_accumulation_steps()))
         self.ds_engine, self.stage = ds_engine, stage
         self.shards_parameters = stage == 3
+        #: DeepSpeed's engine reports the norm its optimizer wrapper computed
+        #: (`_global_grad_norm`); a plain torch optimizer (ZeRO 0 in fp32 or bf16) has none.
+        self._reports_norm = hasattr(ds_engine.optimizer, "_global_grad_norm")
 
     def _wrapped_forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.ds_engine(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._wrapped_forward(*args, **kwargs)  # DeepSpeed casts to its precision itself
+        return self._wrapped_forward(*args, **kwargs)  # in DeepSpeed's precision (see above)
 
     def micro_batch(self, last: bool) -> AbstractContextManager[None]:
         """DeepSpeed finds the accumulation boundary itself (it counts its step() calls
@@ -110,21 +203,32 @@ class DeepSpeedEngine(Engine):
         return None  # done in step() by DeepSpeed, from the config's gradient_clipping
 
     def clip_and_step(self, max_norm: float | None) -> torch.Tensor | None:
-        """DeepSpeed clips inside its step. Its ZeRO and bf16 optimizers report the norm
-        they computed; a plain torch optimizer (stage 0, fp32) reports none, but there
-        the averaged gradients are whole on every rank after backward, so it is taken
-        before the step zeroes them."""
+        """DeepSpeed clips inside its step and reports the pre-clip norm its optimizer
+        wrapper computed, as a tensor or a Python float (DeepSpeed 0.19.x):
+
+        - ZeRO 1-2 (DeepSpeedZeroOptimizer, CPU offload too) and ZeRO 3: a device tensor
+          (ZeRO 3's float64); None when zero_optimization.compute_grad_norm is off.
+        - BF16_Optimizer (its bf16 section, which we no longer write): a device tensor.
+        - FP16_Optimizer and FP16_UnfusedOptimizer (ZeRO 0 with the fp16 section): a
+          float (DeepSpeed's own math.sqrt read it from the device).
+        - Any of them after an overflow (fp16, or bf16's check_grad_overflow): float inf.
+        - A plain torch optimizer (ZeRO 0 in fp32 or bf16): nothing. There the averaged
+          gradients are whole on every rank after backward, so the norm is taken before
+          the step zeroes them.
+
+        A float is filled into a device tensor (torch.full: a fill, not a host-to-device
+        copy); a tensor is never read on the host."""
         dense = None
-        if self.stage == 0:
+        if not self._reports_norm:
             grads = [p.grad for p in self.module.parameters() if p.grad is not None]
             dense = torch.nn.utils.get_total_norm(grads) if grads else None
         self.ds_engine.step()
-        reported = self.ds_engine.get_global_grad_norm()
+        reported = self.ds_engine.get_global_grad_norm() if self._reports_norm else None
         if reported is None:
             return dense
         if isinstance(reported, torch.Tensor):
             return reported.detach()
-        return torch.tensor(float(reported), device=self.precision.device)
+        return torch.full((), reported, dtype=torch.float32, device=self.precision.device)
 
     def step(self) -> None:
         self.ds_engine.step()
@@ -188,8 +292,10 @@ class DeepSpeedBackend(TorchDistributedBackend):
     extra = "deepspeed"
     has_native_checkpoint = True
     launch_hint = "deepspeed --num_gpus N --module dalle_dist train --deepspeed"
+    # bf16 keeps the module fp32 under autocast; fp16 casts it (its fp16 section), module
+    # docstring.
     plan_terms = PlanTerms("DeepSpeed ZeRO-{stage}", cost_rank=(3, 4, 5, 7),
-                           zero_stages=(0, 1, 2, 3), sharding="zero", casts_model=True)
+                           zero_stages=(0, 1, 2, 3), sharding="zero", casts_model=("fp16",))
     stage: ClassVar[int]
 
     @classmethod
@@ -282,8 +388,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
             "gradient_accumulation_steps": args.ga_steps,
             "gradient_clipping": clip_grad_norm or 0.0,
             "zero_optimization": zero,
-            "bf16": {"enabled": self.precision_name == "bf16"},
-            "fp16": {"enabled": self.precision_name == "fp16"},
+            **precision_sections(self.precision_name),
             "steps_per_print": 2**31 - 1,  # our loop logs; DeepSpeed's own lines are noise
             "zero_allow_untested_optimizer": True,
             "zero_force_ds_cpu_optimizer": False,
@@ -302,6 +407,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
             if "amp" in self.json_config:
                 raise ConfigError("--deepspeed_config has an 'amp' block, which DeepSpeed "
                                   "no longer accepts", "remove it and use --precision bf16")
+            check_json_precision(self.json_config, self.precision_name)
             config = _merge(config, self.json_config)
         micro = config.get("train_micro_batch_size_per_gpu")
         ga, world = config["gradient_accumulation_steps"], self.world_size
@@ -339,6 +445,8 @@ class DeepSpeedBackend(TorchDistributedBackend):
                                        or clip_grad_norm or 0.0)
         device = self.device
         module = module.to(device)
+        if config["fp16"]["enabled"]:
+            _autocast_forward(module, device, torch.float16)
         optimizer = None
         if "optimizer" in config:
             self.warn("--deepspeed_config defines an optimizer: it replaces dalle_dist's Adam")

@@ -25,11 +25,14 @@ class PlanTerms:
     #: Runs the whole batch on one GPU, whatever --gpus says.
     one_gpu: bool = False
     sharding: Sharding = "replicated"
-    #: The whole model runs in the precision (no autocast, no fp32 master weights in the
-    #: module): DeepSpeed casts it.
-    casts_model: bool = False
-    #: Buffers that hold a copy of every fp32 gradient (DDP's buckets), by item name.
-    gradient_copies: tuple[str, ...] = ()
+    #: The precisions in which the whole module is cast to the precision (its weights
+    #: and gradients in 2 bytes, the fp32 master copy in the optimizer) instead of kept
+    #: fp32 under autocast: DeepSpeed's fp16 section.
+    casts_model: tuple[str, ...] = ()
+    #: The gradients live in buffers allocated once and kept from step to step (DDP's
+    #: buckets under gradient_as_bucket_view), not allocated by backward and freed by
+    #: zero_grad: resident memory, and no second copy.
+    resident_grads: bool = False
     #: Buffers of a fixed size, (item name, bytes).
     fixed_buffers: tuple[tuple[str, int], ...] = ()
 

@@ -1,6 +1,7 @@
 """Numeric precision of training: fp32, or bf16 / fp16 autocast (fp16 with loss scaling).
 
-DeepSpeed does its own mixed precision from its config; every other backend uses these.
+DeepSpeed's engine does its mixed precision from its config (backends/deepspeed.py); every
+other backend uses these.
 DALLE-pytorch's --amp meant NVIDIA Apex's amp at O1: it is used when a real Apex with
 `apex.amp` imports on CUDA, and native fp16 autocast otherwise, with one line saying why.
 """
@@ -76,7 +77,7 @@ def matmul_dtypes(module: nn.Module) -> Iterator[set[torch.dtype]]:
 
     Metadata only (no device sync). The loop watches its first step with it and logs the
     answer, so a precision flag that was silently dropped (autocast never entered, a
-    DeepSpeed bf16 section left disabled) shows as float32 in the log.
+    DeepSpeed torch_autocast or fp16 section left disabled) shows as float32 in the log.
     """
     seen: set[torch.dtype] = set()
 

@@ -13,13 +13,15 @@ Byte counts per parameter (P = DALL-E parameters, N = GPUs):
                     norm, logits) unsharded from forward to the end of backward, and two
                     transformer blocks unsharded at a time (the running one, the prefetched
                     one), fp32 (no MixedPrecisionPolicy: autocast does the precision)
-    torch (DDP)     + gradient buckets, a copy of all fp32 gradients (gradient_as_bucket_view
-                    is off)
+    torch (DDP)     the same bytes, but the gradients are views into DDP's all-reduce
+                    buckets (gradient_as_bucket_view): resident from the start, not made
+                    by backward and freed by zero_grad
     horovod         + the 64 MiB fusion buffer (HOROVOD_FUSION_THRESHOLD's default)
-  deepspeed (the whole model in the precision; no autocast):
-    params p = 2 (bf16 / fp16) or 4 (fp32) bytes, grads p, optimizer:
-    ZeRO 0, fp32    Adam 8 (torch's Adam runs as it is)
-    ZeRO 0, 16-bit  fp32 master 4 + Adam 8 (FP16_UnfusedOptimizer), and at the step an fp32
+  deepspeed (fp32 and bf16: the module fp32, bf16 through DeepSpeed's torch_autocast, as
+  the others' autocast; fp16: the module cast by its fp16 section):
+    params p = 2 (fp16) or 4 (fp32, bf16) bytes, grads p, optimizer:
+    ZeRO 0, p = 4   Adam 8 (torch's Adam runs as it is)
+    ZeRO 0, fp16    fp32 master 4 + Adam 8 (FP16_UnfusedOptimizer), and at the step an fp32
                     copy of every gradient (4)
     ZeRO 1-3        fp32 master partition 4 + Adam 8, / N (ZeRO clones an fp32 partition
                     even in fp32); the step makes an fp32 copy of the local gradient
@@ -204,20 +206,20 @@ def _states(c: DALLEConfig, terms: PlanTerms, stage: int | None, p_bytes: int, n
         root = params - sum(units)
         return _States(4 * params // n, 4 * params // n, 8 * params // n, {},
                        gathered=4 * (2 * root + 3 * block))
-    buffers = {name: 4 * params for name in terms.gradient_copies} | dict(terms.fixed_buffers)
-    return _States(4 * params, 4 * params, 8 * params, buffers)
+    return _States(4 * params, 4 * params, 8 * params, dict(terms.fixed_buffers))
 
 
 def _row(c: DALLEConfig, v: VAEConfig, backend: str, stage: int | None, precision: str,
          n: int, micro: int, device: str, attn_impl: str, checkpointing: bool = False) -> Row:
     terms, kind = _terms(backend), PRECISION_KINDS[precision]
-    p_bytes = kind.itemsize if terms.casts_model else 4
+    cast = precision in terms.casts_model
+    p_bytes = kind.itemsize if cast else 4
     state = _states(c, terms, stage, p_bytes, n)
-    acts = activations(c, v, precision, device, attn_impl, whole_model=terms.casts_model,
+    acts = activations(c, v, precision, device, attn_impl, whole_model=cast,
                        checkpointing=checkpointing)
     shapes = dalle_parameter_shapes(c)
     head = numel((shapes["to_logits.weight"], shapes["to_logits.bias"]))
-    autocast = kind.dtype is not None and not terms.casts_model
+    autocast = kind.dtype is not None and not cast
     autocast_copies = kind.itemsize * matmul_weights(c) if autocast else 0
     # fully_shard: the head's gradients are in `gathered`
     head_grads = 0 if terms.sharding == "fully_shard" else head * p_bytes
@@ -227,12 +229,18 @@ def _row(c: DALLEConfig, v: VAEConfig, backend: str, stage: int | None, precisio
         resident["cuda_context"] = CUDA_CONTEXT_BYTES
     # On CPU the loader's image batch is the model's input and stays referenced all step.
     image = v.channels * v.image_size**2 * 4 if device == "cpu" else 0
-    static = state.params + state.optimizer + sum(resident.values())
+    # Gradients that live in buffers kept across steps are there from the start; the
+    # others are made by backward and are all alive at the step.
+    resident_grads = state.grads if terms.resident_grads else 0
+    static = state.params + resident_grads + state.optimizer + sum(resident.values())
     phases = (
         ("vae", 0, acts.vae_per_sample),
+        # head_grads: the logits' gradients, made early in backward while the activations
+        # are alive (with resident gradients too: after zero_grad(set_to_none) backward
+        # makes each afresh before DDP copies it into its bucket)
         ("forward_backward", acts.fixed + head_grads + state.gathered + autocast_copies,
          acts.per_sample + image),
-        ("step", state.grads + state.step_temporaries, image),
+        ("step", state.grads - resident_grads + state.step_temporaries, image),
     )
     transient = {"gathered_params": state.gathered, "autocast_weight_copies": autocast_copies,
                  "step_temporaries": state.step_temporaries, "image_batch": image * micro}

@@ -203,7 +203,9 @@ def profile_step(model: nn.Module, engine: Engine, backend: DistributedBackend,
         take_step(step)
     _sync(device)
     step_s = (time.perf_counter() - started) / TIMED_STEPS
-    peak, what = matmul_peak(device, engine.precision.dtype or torch.float32)
+    # the backend's precision, not the engine's: DeepSpeed's engine says fp32 (it applies
+    # its own autocast) while its matmuls run in bf16 or fp16
+    peak, what = matmul_peak(device, backend.precision().dtype or torch.float32)
     args = inputs(micro_batches[0])
 
     def backward(loss: torch.Tensor) -> None:
