@@ -16,6 +16,7 @@ import random
 import pytest
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dalle_dist.errors import ConfigError
 from dalle_dist.model.attention import ATTN_IMPLS, Attention, resolve_impl
@@ -250,3 +251,82 @@ def test_stable_softmax_is_softmax_computed_differently() -> None:
     x = torch.randn(2, layout.seq_len, DIM, dtype=torch.float64)
     ref = reference(layer, x, brute_mask("conv_like", {}, layout, layout.seq_len))
     torch.testing.assert_close(layer(x, layout), ref, atol=TOL, rtol=0)
+
+
+# -- the gather paths reach SDPA's fused kernels (issue 24 item 8) ---------------------
+
+GATHER_CASES = [("axial_row", {}), ("axial_col", {}), ("conv_like", {"kernel": 3}),
+                ("sparse", {"random_blocks": 2})]
+
+
+@pytest.mark.parametrize("case", GATHER_CASES, ids=case_id)
+def test_gather_paths_call_sdpa_with_4d_tensors(case: tuple[str, dict],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """SDPA's fused kernels (flash, memory-efficient, CPU flash) take [b, h, n, d] only;
+    5-D inputs go to its math path, upcast to fp32. Bug caught: the band gather batching
+    its grid lines as a fifth dimension. An axial band passes no mask at all (a
+    lower-right CausalBias, which flash takes)."""
+    from torch.nn.attention.bias import CausalBias
+
+    name, kw = case
+    layout = layouts_for(name)[-1]
+    calls: list[tuple[int, ...]] = []
+    masks: list[object] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                  **kwargs: object) -> Tensor:
+        calls.append((q.dim(), k.dim(), v.dim()))
+        masks.append(attn_mask)
+        if isinstance(attn_mask, CausalBias):  # its dispatch knows only torch's own
+            attn_mask = attn_mask._materialize(q.device)  # function (what it does on CPU)
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    layer = make_layer(make_pattern(name, kw), "gather")
+    x = torch.randn(2, layout.seq_len, DIM, dtype=torch.float64)
+    out = layer(x, layout)
+    assert calls and set(calls) == {(4, 4, 4)}, calls
+    assert all(m is None or isinstance(m, CausalBias) or m.dim() <= 4 for m in masks)
+    if name.startswith("axial"):
+        assert any(isinstance(m, CausalBias) for m in masks), masks
+    torch.testing.assert_close(  # still the pattern (every path: the test above)
+        out, reference(layer, x, brute_mask(name, kw, layout, layout.seq_len)),
+        atol=TOL, rtol=0)
+
+
+class DeviceReads(TorchDispatchMode):
+    """Records the aten ops after which the host waits for the device: a scalar read
+    (.item(), int(), bool(), .tolist() all end in _local_scalar_dense) and the ops whose
+    output shape depends on values (nonzero, masked_select, unique)."""
+
+    OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "_unique2",
+                     "unique_dim", "unique_consecutive", "item"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func.overloadpacket.__name__ in self.OPS:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_sparse_gather_forward_reads_no_device_value() -> None:
+    """Bug caught: block_gather reading its gather width off a device tensor (an int()
+    of a sum, one host sync per sparse layer per step). The key-block index is built once
+    per layout, on the host; a forward, at any length, then reads nothing."""
+    name, kw = "sparse", {"random_blocks": 2}
+    layout = SPARSE_LAYOUT
+    layer = make_layer(make_pattern(name, kw), "gather")
+    x = torch.randn(1, layout.seq_len, DIM, dtype=torch.float64)
+    layer(x, layout)  # builds the index
+    for n in (layout.seq_len, layout.text_len + 2):
+        probe = DeviceReads()
+        with probe:
+            out = layer(x[:, :n], layout)
+        assert probe.seen == [], probe.seen
+        torch.testing.assert_close(out, reference(layer, x[:, :n],
+                                                  brute_mask(name, kw, layout, n)),
+                                   atol=TOL, rtol=0)

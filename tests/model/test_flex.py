@@ -1,5 +1,5 @@
 """FlexAttention: dropout is never dropped silently, and layers share one compiled kernel
-and one block mask per (pattern, shape, device).
+and one block mask per (pattern, layout, device), whatever the sequence's length.
 
 FlexAttention's forward runs on CPU in this torch (no backward). The kernel's structure
 (what is shared, what compiles how often) does not depend on the torch.compile backend,
@@ -16,7 +16,7 @@ import torch
 from dalle_dist.errors import ConfigError
 from dalle_dist.model import attention_paths as paths
 from dalle_dist.model.attention import Attention, resolve_impl
-from dalle_dist.model.patterns import PATTERNS, AttentionPattern, SequenceLayout
+from dalle_dist.model.patterns import PATTERNS, SequenceLayout
 from tests.model.test_attention import (
     CASES,
     DIM,
@@ -129,7 +129,7 @@ def test_masked_sdpa_drops_what_the_reference_drops(case: tuple[str, dict]) -> N
     torch.testing.assert_close(outs[0], outs[1], atol=TOL, rtol=0)
 
 
-# -- one kernel, one mask per (pattern, shape, device) ---------------------------------
+# -- one kernel, one mask per (pattern, layout, device) --------------------------------
 
 def test_one_process_kernel_created_lazily() -> None:
     """Bug caught: a kernel (and its compile cache) per layer, or compiling at import."""
@@ -169,7 +169,7 @@ def test_flex_forward_equals_the_reference_for_every_pattern() -> None:
     for name, kw in CASES:
         layout = layouts_for(name)[-1]
         pattern = make_pattern(name, kw)
-        for n in (layout.seq_len,):  # other lengths: test_a_new_shape_compiles_once_more
+        for n in (layout.seq_len,):  # others: test_every_length_of_a_layout_compiles_once
             q, k, v = (torch.randn(2, HEADS, n, DIM_HEAD, dtype=torch.float64)
                        for _ in range(3))
             out = paths.flex(q, k, v, layout, 0.0, pattern, kernel)
@@ -200,16 +200,28 @@ def test_layers_share_the_compiled_kernel_and_compile_once_per_pattern(
     assert stats["block_masks"] == 2, stats
 
 
-def test_a_new_shape_compiles_once_more(eager_kernel: paths.FlexKernel) -> None:
-    """Recompiles stay at most the (pattern, shape) pairs seen, the bound the GPU
-    acceptance run asserts."""
-    pattern: AttentionPattern = make_pattern("axial_col", {})
+def test_every_length_of_a_layout_compiles_once(eager_kernel: paths.FlexKernel) -> None:
+    """Uncached sampling feeds the layer every length up to the whole sequence, each to
+    the same layout: one graph and one BlockMask for all of them, outputs equal to the
+    reference at each length (issue 24 item 8: one compile per length, the kernel being
+    static-shaped and its mask built per length). A new batch size compiles once more:
+    compiles stay at most the (pattern, shape) pairs, the bound the GPU acceptance run
+    asserts."""
+    name = "axial_col"
     layout = SequenceLayout(9, 6)
-    for n in (layout.seq_len, layout.seq_len, layout.text_len + 4, layout.seq_len):
-        q = torch.randn(1, HEADS, n, DIM_HEAD)
-        paths.flex(q, q, q, layout, 0.0, pattern)
-    stats = paths.flex_compile_stats()
-    assert stats["compiles"] == stats["pairs"] == 2, stats
+    layer = make_layer(make_pattern(name, {}), "flex").eval()
+    for n in (layout.seq_len, layout.text_len + 4, layout.text_len - 1, layout.seq_len - 1):
+        x = torch.randn(2, n, DIM, dtype=torch.float64)
+        with torch.no_grad():
+            out = layer(x, layout)
+            ref = reference(layer, x, brute_mask(name, {}, layout, n))
+        torch.testing.assert_close(out, ref, atol=TOL, rtol=0, msg=str(n))
+    stats = eager_kernel.stats()
+    assert stats["compiles"] == stats["pairs"] == stats["block_masks"] == 1, stats
+    with torch.no_grad():
+        layer(torch.randn(1, layout.text_len + 2, DIM, dtype=torch.float64), layout)
+    stats = eager_kernel.stats()
+    assert stats["compiles"] == stats["pairs"] == 2 and stats["block_masks"] == 1, stats
 
 
 def test_more_graphs_than_dynamos_default_limit_still_compile(
@@ -218,10 +230,9 @@ def test_more_graphs_than_dynamos_default_limit_still_compile(
     dtypes reach that. Bug caught: the kernel not lifting the limit for flex (the 9th
     graph would run unfused, uncounted; with fullgraph it would raise mid-run)."""
     pattern = make_pattern("axial_row", {})
-    layout = SequenceLayout(9, 6)
-    lengths = range(layout.seq_len - 9, layout.seq_len + 1)  # 10 shapes
-    for n in lengths:
-        q = torch.randn(1, 1, n, DIM_HEAD)
+    layouts = [SequenceLayout(text, 6) for text in range(1, 11)]  # 10 shapes (the lengths
+    for layout in layouts:  # of one layout would share a graph)
+        q = torch.randn(1, 1, layout.seq_len, DIM_HEAD)
         paths.flex(q, q, q, layout, 0.0, pattern)
     stats = eager_kernel.stats()
-    assert stats["compiles"] == stats["signatures"] == len(lengths) > 8, stats
+    assert stats["compiles"] == stats["signatures"] == len(layouts) > 8, stats

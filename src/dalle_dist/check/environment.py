@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dalle_dist.backends.precision_kinds import DEFAULT_PRECISION, PRECISIONS
+from dalle_dist.backends.precision_kinds import DEFAULT_PRECISION, PRECISION_KINDS, PRECISIONS
 from dalle_dist.backends.registry import (
     BACKENDS,
     DEFAULT_BACKEND,
@@ -30,8 +30,13 @@ from dalle_dist.backends.registry import (
     precision_verdict,
 )
 from dalle_dist.backends.verdict import error_line, installed_version
+from dalle_dist.model.config import DALLEConfig, VAEConfig
+from dalle_dist.model.kernels import by_precision, config_kernels, cuda_capability
+from dalle_dist.model.patterns import PATTERNS
 
 SHM_WARN_BYTES = 1 << 30
+#: The --attn_dropout the kernel facts name a second kernel for (any rate > 0 is alike).
+EXAMPLE_DROPOUT = 0.1
 
 
 # -- facts -------------------------------------------------------------------------------
@@ -115,7 +120,44 @@ def attention_facts(cuda: bool) -> dict[str, Any]:
                          "cudnn": backends.cudnn_sdp_enabled(), "math": backends.math_sdp_enabled()}
     else:
         facts["sdpa"] = {"cpu_flash": True, "math": True}
+    facts["kernels"] = kernel_facts()
     return facts
+
+
+def kernel_facts() -> dict[str, Any]:
+    """The kernel a training layer of each pattern uses here (the first GPU, else the CPU),
+    per precision, with --attn_impl auto at train's default sizes, without and with
+    --attn_dropout (model/kernels.py; `dalle-dist plan` names them for a run's own flags):
+    {"capability": "9.0" | null, "text_seq_len", "image_fmap_size", "dim_head",
+     "patterns": {pattern: {"train" | "train_with_dropout": {precision: kernel}}}}."""
+    capability = cuda_capability()
+    vae = VAEConfig()
+    c = DALLEConfig(num_text_tokens=2, num_image_tokens=vae.num_tokens,
+                    image_fmap_size=vae.fmap_size, attn_types=tuple(PATTERNS))
+    patterns: dict[str, dict[str, dict[str, str]]] = {
+        name: {"train": {}, "train_with_dropout": {}} for name in PATTERNS}
+    for precision in PRECISIONS:
+        dtype = PRECISION_KINDS[precision].dtype or torch.float32
+        for key, rate in (("train", 0.0), ("train_with_dropout", EXAMPLE_DROPOUT)):
+            for name, (_, kernel) in config_kernels(c, "auto", dtype, capability,
+                                                    rate).items():
+                patterns[name][key][precision] = kernel
+    return {"capability": None if capability is None else "{}.{}".format(*capability),
+            "text_seq_len": c.text_seq_len, "image_fmap_size": c.image_fmap_size,
+            "dim_head": c.dim_head, "patterns": patterns}
+
+
+def kernel_lines(kernels: dict[str, Any]) -> list[str]:
+    """`kernel_facts` as text for `dalle-dist check`: a heading, then a line per pattern."""
+    where = ("cpu" if kernels["capability"] is None
+             else f"cuda:0 (compute capability {kernels['capability']})")
+    lines = [f"attention kernels on {where}, --attn_impl auto, train's default sizes "
+             "(`dalle-dist plan` names them for yours):"]
+    width = max(len(name) for name in kernels["patterns"])
+    for name, per in kernels["patterns"].items():
+        lines.append(f"  {name:<{width}}  {by_precision(per['train'])}; with --attn_dropout: "
+                     f"{by_precision(per['train_with_dropout'])}")
+    return lines
 
 
 # -- verdicts ----------------------------------------------------------------------------

@@ -114,6 +114,10 @@ def lines(info: dict[str, Any]) -> list[str]:
     out.append(f"triton        {att['triton'] or 'not installed'}")
     out.append(f"flex attention  {att['flex_attention']}")
     out.append("sdpa kernels  " + ", ".join(k for k, v in att["sdpa"].items() if v))
+    if "kernels" in att:
+        from dalle_dist.check.environment import kernel_lines
+
+        out += kernel_lines(att["kernels"])
     out.append("")
     out.append("verdicts (backend: fp32 / bf16 / fp16)")
     for name, verdict in info["backends"].items():

@@ -15,6 +15,9 @@ precision, and which to use. Model flags are `train`'s, with its defaults.
                         params, grads, optimizer, activations, buffers, peak, fits (bool),
                         max_batch (largest global batch that fits), items {name: bytes}}]
   recommendation      str
+  attention_kernels   {"capability": str | null (this GPU's; "8.0" with "assumed": true
+                      without one), "assumed", "attn_dropout", "patterns": {pattern:
+                      {precision: {"path": str, "kernel": str}}}}  (model/kernels.py)
 """
 
 from __future__ import annotations
@@ -131,6 +134,7 @@ def _configs(args: argparse.Namespace) -> tuple[DALLEConfig, VAEConfig, VQGANCon
 def _report(dalle_cfg: object, vae_cfg: VAEConfig | VQGANConfig, rows: list,
             args: argparse.Namespace, memory: int, advice: str) -> dict:
     from dalle_dist import plan
+    from dalle_dist.plan.advice import attention_kernels
     from dalle_dist.plan.vqgan import vqgan_parameters
 
     budget = int(memory * plan.USABLE_FRACTION)
@@ -154,12 +158,15 @@ def _report(dalle_cfg: object, vae_cfg: VAEConfig | VQGANConfig, rows: list,
                   "buffers": r.buffers, "peak": r.peak, "fits": r.peak <= budget,
                   "max_batch": r.max_batch(budget), "items": r.items} for r in rows],
         "recommendation": advice,
+        "attention_kernels": attention_kernels(
+            c, args.device, args.attn_impl, tuple(dict.fromkeys(r.precision for r in rows))),
     }
 
 
 def _human(report: dict) -> str:
     from dalle_dist.model.image_tokenizer import is_vqgan_config
     from dalle_dist.plan import format_bytes
+    from dalle_dist.plan.advice import kernel_lines
 
     seq = report["sequence"]
     counts: dict[str, int] = {}
@@ -197,6 +204,7 @@ def _human(report: dict) -> str:
     lines += ["", "columns: each part's own maximum; peak: the modelled high-water mark "
                   "(below their sum: gradients fill as activations are freed).",
               "max batch: the largest global batch that fits; horovod's --batch_size is "
-              "per worker (batch/GPU).",
-              f"recommendation: {report['recommendation']}"]
+              "per worker (batch/GPU)."]
+    lines += kernel_lines(report["attention_kernels"])
+    lines.append(f"recommendation: {report['recommendation']}")  # last: what most read
     return "\n".join(lines)

@@ -14,6 +14,11 @@ machine (forward + backward of one layer; the figures: docs/benchmarks.md, "Atte
   on CUDA, every pattern but full goes to FlexAttention (block masks skip empty tiles),
                      except while training with --attn_dropout > 0: FlexAttention has no
                      dropout, so such layers take the CPU choice above (which applies it).
+                     It runs fused there too: the axial gather on flash (16-bit),
+                     conv_like's on the memory-efficient kernel, sparse and small-grid
+                     conv_like on it with the n x n mask as a bias (their gathers would
+                     copy several times K and V; docs/design.md, "Attention patterns").
+The kernel each pattern reaches: model/kernels.py (what `plan` and `check` print).
 """
 
 from __future__ import annotations
@@ -135,6 +140,7 @@ class Attention(nn.Module):
         self.to_qkv = nn.Linear(dim, inner * 3, bias=False)
         self.to_out = nn.Linear(inner, dim)
         self._masks: dict[tuple[SequenceLayout, str], Tensor] = {}
+        self._block_indices: dict[tuple[SequenceLayout, str], paths.BlockIndex] = {}
 
     def _mask(self, layout: SequenceLayout, device: torch.device) -> Tensor:
         """The pattern's mask over the longest sequence, built once per layout and device."""
@@ -142,6 +148,15 @@ class Attention(nn.Module):
         if key not in self._masks:
             self._masks[key] = self.pattern.full_mask(layout, layout.seq_len, device)
         return self._masks[key]
+
+    def _block_index(self, pattern: SparsePattern, layout: SequenceLayout,
+                     device: torch.device) -> paths.BlockIndex:
+        """block_gather's key blocks and mask over the longest sequence, built once per
+        layout and device (on the host: a forward then reads no device value)."""
+        key = (layout, str(device))
+        if key not in self._block_indices:
+            self._block_indices[key] = paths.block_index(pattern, layout, device)
+        return self._block_indices[key]
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout) -> Tensor:
         """Attention over positions 0..n-1 (no cache), along the chosen path."""
@@ -160,7 +175,8 @@ class Attention(nn.Module):
             return paths.flex(q, k, v, layout, dropout, self.pattern)
         pattern = self.pattern
         if isinstance(pattern, SparsePattern):
-            return paths.block_gather(q, k, v, layout, dropout, pattern)
+            return paths.block_gather(q, k, v, dropout, pattern,
+                                      self._block_index(pattern, layout, q.device))
         rows_back = pattern.reach if isinstance(pattern, ConvLikePattern) else 0
         return paths.band_gather(q, k, v, layout, dropout, pattern, rows_back,
                                  columns=isinstance(pattern, AxialColPattern))

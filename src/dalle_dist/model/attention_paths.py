@@ -5,15 +5,20 @@ same shape; all must equal `dense_reference` (tests check outputs and gradients)
 
   dense_reference  einsum + masked softmax: the reference, and DALLE-pytorch's method
   sdpa             torch's scaled_dot_product_attention with the pattern's boolean mask
-  band_gather      grid lines as batches: each image query scores the text plus its line
+  band_gather      grid lines as heads: each image query scores the text plus its line
                    and the lines just before it (axial_row, axial_col, conv_like)
   block_gather     each 16-token query block scores only the key blocks the layout allows
   flex             FlexAttention with a BlockMask from the pattern's rule (CUDA); one
-                   compiled kernel and one mask per (pattern, shape, device) for all layers;
-                   no dropout (it refuses a non-zero rate, see resolve_impl)
+                   compiled kernel and one mask per (pattern, layout, device) for all
+                   layers and lengths; no dropout (it refuses a non-zero rate, see
+                   resolve_impl)
 
 Every path but flex applies dropout to the attention probabilities (inside SDPA or after
 the softmax), so a training layer with dropout on never takes flex.
+
+Every SDPA call here is 4-D ([batch, heads, n, dim_head]): SDPA's fused kernels (flash,
+memory-efficient, CPU flash) take nothing else, and send 5-D inputs to the math path.
+Which kernel each pattern gets on a device: model/kernels.py.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +35,8 @@ from torch import Tensor
 from dalle_dist.errors import ConfigError
 from dalle_dist.model.patterns import (
     AttentionPattern,
+    AxialColPattern,
+    AxialRowPattern,
     SequenceLayout,
     SparsePattern,
 )
@@ -71,7 +79,14 @@ def band_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout
                 pattern: AttentionPattern, rows_back: int, columns: bool = False) -> Tensor:
     """axial_row (rows_back 0), axial_col (columns=True) and conv_like (rows_back = its
     reach): each grid line's queries attend the text plus that line and the `rows_back`
-    lines before it; the pattern's rule masks that band down to exactly its key set."""
+    lines before it.
+
+    The lines ride in SDPA's head dimension ([b, heads x lines, place, d]): SDPA's fused
+    kernels take 4-D inputs only (5-D goes to its math path, upcast to fp32). An axial
+    line's rule is "all the text, and the line's cells up to the query's": causal aligned
+    to the band's last key, which SDPA takes as a CausalBias with no mask (flash on CUDA
+    in 16 bits). conv_like's rule masks the band down to the window: a boolean
+    [lines, place, band keys] mask (memory-efficient kernel on CUDA), never n x n."""
     n, text, s = q.shape[2], layout.text_len, layout.fmap_size
     out_text = _text_part(q, k, v, text, dropout)
     if n <= text:
@@ -84,51 +99,107 @@ def band_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout
     qg, kg, vg = grids  # [b, h, line, place in line, d]
 
     def banded(g: Tensor, t: Tensor) -> Tensor:
-        """[b, h, line, text + band * s, d]: the text, then lines line-rows_back .. line."""
+        """[b, h x line, text + band * s, d]: the text, then lines line-rows_back .. line."""
         padded = F.pad(g, (0, 0, 0, 0, rows_back, 0))
         lines = padded.unfold(2, band, 1).permute(0, 1, 2, 5, 3, 4).reshape(b, h, s, band * s, dh)
-        return torch.cat((t[:, :, None, :text].expand(b, h, s, text, dh), lines), dim=3)
+        keys = torch.cat((t[:, :, None, :text].expand(b, h, s, text, dh), lines), dim=3)
+        return keys.view(b, h * s, text + band * s, dh)
 
     keys, values = banded(kg, k), banded(vg, v)
-    # Positions of every query and band key, in the sequence; off-grid band rows get -1.
-    line = torch.arange(s, device=q.device)
-    place = torch.arange(s, device=q.device)
-    back = torch.arange(band, device=q.device) - rows_back
-    key_line = line[:, None, None] + back[None, :, None]  # [line, band, 1]
-    key_cell = ((key_line * s + place) if not columns else (place * s + key_line))
-    key_pos = torch.where(key_line >= 0, text + key_cell, -1).reshape(s, band * s)
-    key_pos = torch.cat((torch.arange(text, device=q.device).expand(s, text), key_pos), dim=1)
-    query_cell = (line[:, None] * s + place) if not columns else (place * s + line[:, None])
-    query_pos = text + query_cell  # [line, place]
-    mask = (key_pos[:, None, :] >= 0) & pattern.allowed(layout, query_pos[:, :, None],
-                                                        key_pos[:, None, :])
-    # Grid padding past the sequence: let such queries see themselves (no all-masked rows).
-    mask = mask | ((query_pos >= n)[:, :, None] & (key_pos[:, None, :] == query_pos[:, :, None]))
-    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, dropout_p=dropout)
+    queries = qg.reshape(b, h * s, s, dh)
+    if rows_back == 0 and isinstance(pattern, (AxialRowPattern, AxialColPattern)):
+        mask = lower_right_causal(s, text + s)
+    else:
+        mask = band_mask(pattern, layout, n, rows_back, columns, q.device)
+        mask = mask.expand(h, *mask.shape).reshape(1, h * s, s, text + band * s)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask,
+                                         dropout_p=dropout).view(b, h, s, s, dh)
     if columns:
         out = out.transpose(2, 3)
     out_image = out.reshape(b, h, s * s, dh)[:, :, : n - text]
     return torch.cat((out_text, out_image), dim=2)
 
 
-def block_index(pattern: SparsePattern, layout: SequenceLayout, n: int,
-                device: torch.device) -> tuple[Tensor, Tensor]:
-    """For each query block, the key blocks it may see (padded): ([nb, L] ids, [nb, L] used)."""
-    nb = math.ceil(n / pattern.BLOCK)
-    blocks = pattern.block_layout(layout, device)[:nb, :nb].tril()
+@functools.cache
+def lower_right_causal(queries: int, keys: int) -> Tensor:
+    """SDPA's CausalBias aligned to the last key, one object per shape (it holds no data).
+    It cannot be constructed inside torch.compile, nor under a TorchDispatchMode (the FLOP
+    count of `train --flops` runs the first forward under one), but either can use it: so
+    it is built once, with the dispatch modes set aside."""
+    # imported here: torch.nn.attention.bias imports dynamo, which `train --help` must not
+    from torch.nn.attention.bias import causal_lower_right
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return causal_lower_right(queries, keys)
+
+
+def band_mask(pattern: AttentionPattern, layout: SequenceLayout, n: int, rows_back: int,
+              columns: bool, device: torch.device) -> Tensor:
+    """Boolean [line, place, text + band keys]: the pattern's rule over each line's band
+    (band_gather's key order; off-grid band rows are never seen)."""
+    text, s = layout.text_len, layout.fmap_size
+    band = rows_back + 1
+    line = torch.arange(s, device=device)
+    place = torch.arange(s, device=device)
+    back = torch.arange(band, device=device) - rows_back
+    key_line = line[:, None, None] + back[None, :, None]  # [line, band, 1]
+    key_cell = ((key_line * s + place) if not columns else (place * s + key_line))
+    key_pos = torch.where(key_line >= 0, text + key_cell, -1).reshape(s, band * s)
+    key_pos = torch.cat((torch.arange(text, device=device).expand(s, text), key_pos), dim=1)
+    query_cell = (line[:, None] * s + place) if not columns else (place * s + line[:, None])
+    query_pos = text + query_cell  # [line, place]
+    mask = (key_pos[:, None, :] >= 0) & pattern.allowed(layout, query_pos[:, :, None],
+                                                        key_pos[:, None, :])
+    # Grid padding past the sequence: let such queries see themselves (no all-masked rows).
+    return mask | ((query_pos >= n)[:, :, None] & (key_pos[:, None, :] == query_pos[:, :, None]))
+
+
+@dataclass(frozen=True)
+class BlockIndex:
+    """block_gather's plan for one sparse layout, over its longest sequence: `ids` [nb, W],
+    the key blocks each query block reads (its allowed ones first, then block 0 as
+    padding), and `mask` [nb, 1, 16, W x 16], the rule over those keys. A length-n
+    sequence reads the first ceil(n / 16) rows: a real query only ever sees keys before
+    it, so rows and keys past n matter only to padding queries, whose outputs are dropped
+    (each sees at least itself: no all-masked row, which is NaN in backward)."""
+
+    ids: Tensor
+    mask: Tensor
+
+
+def block_index(pattern: SparsePattern, layout: SequenceLayout,
+                device: torch.device) -> BlockIndex:
+    """The BlockIndex of `layout`, computed on the host and copied to `device` once: the
+    width W is a shape, and reading it from a device tensor would wait on the device."""
+    bs, n = pattern.BLOCK, layout.seq_len
+    cpu = torch.device("cpu")
+    nb = math.ceil(n / bs)
+    blocks = pattern.block_layout(layout, cpu)[:nb, :nb].tril()
     width = int(blocks.sum(dim=1).max())
     # Allowed blocks first (stable sort keeps their order), the rest as padding.
     order = torch.sort((~blocks).to(torch.int8), dim=1, stable=True).indices[:, :width]
-    return order, blocks.gather(1, order)
+    used = blocks.gather(1, order)
+    ids = torch.where(used, order, 0)
+    q_pos = torch.arange(nb * bs).view(nb, bs)
+    k_pos = (ids[:, :, None] * bs + torch.arange(bs)).view(nb, width * bs)
+    mask = used.repeat_interleave(bs, dim=1)[:, None, :] & pattern.allowed(
+        layout, q_pos[:, :, None], k_pos[:, None, :])
+    mask = mask | ((q_pos[:, :, None] >= n) & (k_pos[:, None, :] == q_pos[:, :, None]))
+    return BlockIndex(ids.to(device), mask[:, None].to(device))
 
 
-def block_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout: float,
-                 pattern: SparsePattern) -> Tensor:
-    """sparse: each query block attends only its allowed key blocks, gathered."""
+def block_gather(q: Tensor, k: Tensor, v: Tensor, dropout: float, pattern: SparsePattern,
+                 index: BlockIndex) -> Tensor:
+    """sparse: each query block attends only its allowed key blocks, gathered. Query
+    blocks ride in SDPA's batch dimension and (batch, heads) in its head dimension, so
+    the inputs are 4-D and the [blocks, 1, 16, keys] mask broadcasts over both; nothing
+    here reads a device value (`index` is built once per layout: block_index)."""
     b, h, n, dh = q.shape
     bs = pattern.BLOCK
-    ids, used = block_index(pattern, layout, n, q.device)
-    nb, width = ids.shape
+    nb = math.ceil(n / bs)
+    ids, mask = index.ids[:nb], index.mask[:nb]
+    width = ids.shape[1]
     pad = nb * bs - n
 
     def blocks(t: Tensor) -> Tensor:  # [nb, b, h, bs, d]
@@ -138,21 +209,13 @@ def block_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropou
 
     qb, kb, vb = blocks(q), blocks(k), blocks(v)
 
-    def gathered(t: Tensor) -> Tensor:  # [b * nb, h, width * bs, d]
+    def gathered(t: Tensor) -> Tensor:  # [nb, b * h, width * bs, d]
         picked = t.index_select(0, ids.flatten()).view(nb, width, b, h, bs, dh)
-        return picked.permute(2, 0, 3, 1, 4, 5).reshape(b * nb, h, width * bs, dh)
+        return picked.permute(0, 2, 3, 1, 4, 5).reshape(nb, b * h, width * bs, dh)
 
-    q_pos = torch.arange(nb * bs, device=q.device).view(nb, bs)
-    k_pos = (ids[:, :, None] * bs + torch.arange(bs, device=q.device)).view(nb, width * bs)
-    k_used = used.repeat_interleave(bs, dim=1) & (k_pos < n)
-    mask = k_used[:, None, :] & pattern.allowed(layout, q_pos[:, :, None], k_pos[:, None, :])
-    # Padding queries past the end must see something (an all-masked row is NaN in
-    # backward, even when sliced off): let them see themselves.
-    mask = mask | ((q_pos[:, :, None] >= n) & (k_pos[:, None, :] == q_pos[:, :, None]))
-    out = F.scaled_dot_product_attention(
-        qb.transpose(0, 1).reshape(b * nb, h, bs, dh), gathered(kb), gathered(vb),
-        attn_mask=mask[:, None].repeat(b, 1, 1, 1), dropout_p=dropout)
-    return out.view(b, nb, h, bs, dh).transpose(1, 2).reshape(b, h, nb * bs, dh)[:, :, :n]
+    out = F.scaled_dot_product_attention(qb.view(nb, b * h, bs, dh), gathered(kb),
+                                         gathered(vb), attn_mask=mask, dropout_p=dropout)
+    return out.view(nb, b, h, bs, dh).permute(1, 2, 0, 3, 4).reshape(b, h, nb * bs, dh)[:, :, :n]
 
 
 def flex_dropout_error() -> ConfigError:
@@ -177,10 +240,12 @@ class FlexKernel:
 
     Dynamo keeps its compiled graphs on flex_attention's code object and guards them on the
     BlockMask's mask_mod and shapes. So layers share: one mask_mod function object per
-    (pattern, layout, device) and one BlockMask per (pattern, layout, length, device); a
-    pattern's graph compiles once for all the layers that use it, and compiles again only
-    for a new pattern, shape, dtype, device or grad mode. `compiles` counts the graphs the
-    backend was asked for (each recompile is one), for the GPU acceptance run.
+    (pattern, layout, device) and one BlockMask per (pattern, layout, device), over the
+    layout's whole sequence (a shorter one is padded to it); a pattern's graph compiles
+    once for all the layers and all the lengths that use it, and compiles again only for
+    a new pattern, layout, batch or head count, dtype, device or grad mode. `compiles`
+    counts the graphs the backend was asked for (each recompile is one), for the GPU
+    acceptance run.
     """
 
     def __init__(self, backend: str = FLEX_BACKEND) -> None:
@@ -235,6 +300,26 @@ class FlexKernel:
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout,
                  pattern: AttentionPattern) -> Tensor:
+        """Attention of positions 0..n-1, computed over the layout's whole sequence.
+
+        The kernel compiles for static shapes and strides, so each length would be a graph
+        of its own. A shorter sequence (uncached sampling feeds every length) is padded to
+        the whole one and its output cut back: every length shares one BlockMask and one
+        graph. A real query sees only keys before it, never the padding; a padding query
+        sees at least itself. Padding copies q, k and v into contiguous tensors, whose
+        strides differ from the qkv projection's views, so outside autograd (sampling)
+        every call is copied alike; a training step has the whole sequence and passes its
+        views uncopied."""
+        n = q.shape[2]
+        full = max(n, layout.seq_len)
+        copied = n < full or not torch.is_grad_enabled()
+        if copied:
+            q, k, v = (F.pad(t, (0, 0, 0, full - n)) if n < full else t.contiguous()
+                       for t in (q, k, v))
+        return self._attend(q, k, v, layout, pattern, copied)[:, :, :n]
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout,
+                pattern: AttentionPattern, copied: bool) -> Tensor:
         block_mask = self.block_mask(pattern, layout, q.shape[2], q.device)
         if torch.compiler.is_compiling():
             # Traced inside a compiled model: flex becomes part of that graph.
@@ -243,7 +328,7 @@ class FlexKernel:
             return flex_attention(q, k, v, block_mask=block_mask)
         kernel = self.compiled()
         signature = (pattern.key, layout, tuple(q.shape), str(q.device), q.dtype,
-                     torch.is_grad_enabled() and q.requires_grad)
+                     torch.is_grad_enabled() and q.requires_grad, copied)
         if signature in self._signatures:  # compiled already: no limit to lift (the
             return kernel(q, k, v, block_mask=block_mask)  # patch costs time every call)
         self._signatures.add(signature)
@@ -253,8 +338,9 @@ class FlexKernel:
     def stats(self) -> dict[str, int]:
         """compiles: graphs compiled; pairs: distinct (pattern, shape) pairs called with
         (shape: layout and q's shape, per device); signatures: those also told apart by
-        dtype and grad mode (each may compile once); block_masks: masks built;
-        recompile_limit: the graphs dynamo keeps for flex, past which it runs flex unfused."""
+        dtype, grad mode and whether q, k and v were copied (each may compile once);
+        block_masks: masks built; recompile_limit: the graphs dynamo keeps for flex, past
+        which it runs flex unfused."""
         pairs = {s[:4] for s in self._signatures}
         return {"compiles": self.compiles, "pairs": len(pairs),
                 "signatures": len(self._signatures), "block_masks": len(self._block_masks),

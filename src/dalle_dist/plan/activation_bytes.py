@@ -18,6 +18,7 @@ from dalle_dist.backends.precision_kinds import PRECISION_KINDS
 from dalle_dist.errors import ConfigError
 from dalle_dist.model.attention import resolve_impl
 from dalle_dist.model.config import DALLEConfig, VAEConfig
+from dalle_dist.model.kernels import FLASH_CAPABILITY, MEMORY_EFFICIENT, sdpa_kernel
 from dalle_dist.model.patterns import SequenceLayout, SparsePattern, build_pattern
 from dalle_dist.model.rotary import rotated_features
 from dalle_dist.plan.parameters import meta_dalle
@@ -87,15 +88,14 @@ def layer_activation_bytes(c: DALLEConfig, path: str, pattern: str, t: Dtypes,
       (4 c f), two LayerNorms' mean and rstd (16), the fused kernel's logsumexp (4 x heads).
     --rotary_emb: the rotated q and k beside qkv's output (2 c i), and in a 16-bit compute
     dtype the rotation tables cast to it (2 x n x rotated features, per layer); measured
-    on the sdpa and gather paths (`dense`, the reference, saves less with it).
+    on the sdpa and band gather paths (`dense`, the reference, saves less with it; so does
+    sparse's gather, see _gather_bytes).
     --shift_tokens saves nothing more: the shifted input replaces the norm's output.
     Path extras: `sdpa` with a mask keeps the mask as an n x n float (per layer, not per
     sample); `flex` writes its output head-major (to_out copies it: + c i); `dense` keeps
     copies of q, k and v for its einsums instead of qkv's output, no logsumexp, and
     softmax(QK^T) (heads x n x n; on CUDA autocast runs it in fp32, then casts it);
-    `gather` runs SDPA's math path, upcast to fp32, on each grid line: scaled q and k, v
-    and the probabilities over the band's keys, plus the causal text part's output and
-    logsumexp; for `sparse` the key blocks per query block are an upper bound.
+    `gather`: see _gather_bytes.
     """
     n, d, h, dh = _seq_len(c), c.dim, c.heads, c.dim_head
     i, f = h * dh, c.dim * c.ff_mult
@@ -112,23 +112,69 @@ def layer_activation_bytes(c: DALLEConfig, path: str, pattern: str, t: Dtypes,
     elif path == "dense":
         # Its q, k, v copies stand in for qkv's output; CUDA's autocast runs softmax in fp32.
         per_sample += h * n * n * (4 + k if t.autocast and device == "cuda" else k)
-    elif path == "gather" and pattern == "sparse":
-        blocks, width = _sparse_width(c, n)
-        bs, m = SPARSE_BLOCK, 4
-        per_sample += m * h * blocks * bs * (dh + 2 * width * dh + width * bs)
-        per_layer = blocks * bs * width * bs * m
     elif path == "gather":
-        s, text = c.image_fmap_size, c.text_seq_len + 1
-        _, keys = _band_keys(c, pattern)
-        m = 4  # math SDPA upcasts 16-bit inputs to fp32
-        per_sample += h * text * (k * dh + 4)
-        per_sample += m * h * (s * s * dh + 2 * s * keys * dh + s * s * keys)
+        extra, per_layer = _gather_bytes(c, pattern, k, device)
+        per_sample += extra
     else:
         raise ConfigError(f"unknown attention path {path!r}")
     if c.rotary_emb:
         per_sample += 2 * k * i * n
         if k != 4:
             per_layer += 2 * n * rotated_features(dh) * k
+    return per_sample, per_layer
+
+
+def _gather_bytes(c: DALLEConfig, pattern: str, k: int, device: str) -> tuple[int, int]:
+    """(bytes per sample, bytes per layer) the `gather` path adds to the block's common
+    tensors, k = compute bytes.
+
+    Every call is 4-D, so SDPA runs a fused kernel: on CPU its flash kernel; on CUDA flash
+    for an axial band in 16 bits (no mask), else the memory-efficient kernel (fp32, or
+    conv_like's and sparse's boolean masks). Each saves its q, k, v and output (k bytes)
+    and an fp32 logsumexp per query row (the memory-efficient kernel rounds a head's rows
+    up to 32), never the probabilities; a mask it reads is converted to the compute dtype
+    and saved once per layer (it broadcasts over the batch). The SDPA rules are
+    model/kernels.py's sdpa_kernel, on an Ampere GPU.
+
+    Band (axial_row, axial_col, conv_like; s = grid side, T = text + 1, K = T + band x s
+    keys): the causal text part's output and logsumexp (its q, k and v are views of qkv);
+    the grid's s x s queries and output, and each line's K keys and values (heads x s
+    lines); conv_like's band mask (heads x s x s x K); an axial band's lower-right
+    CausalBias is no tensor on CUDA, but CPU's kernel has no such variant and reads it
+    materialised (s x K).
+    sparse (B blocks of 16, W key blocks per query block, an upper bound): the query
+    blocks and output, the W gathered key and value blocks per query block, the mask
+    (B x 16 x W x 16) and the block ids index_select keeps (int64, B x W); the padded
+    block copies replace qkv's output (and --rotary_emb's rotated q and k), which nothing
+    saves then.
+    CPU figures are without --attn_dropout, which sends CPU's SDPA to its math path.
+    """
+    h, dh = c.heads, c.dim_head
+    dtype = torch.float32 if k == 4 else torch.bfloat16  # fp16 takes bf16's kernels there
+    capability = FLASH_CAPABILITY if device == "cuda" else None
+
+    def kernel(masked: bool) -> str:
+        return sdpa_kernel(dtype, capability, dh, 0.0, masked)
+
+    def lse(rows: int, masked: bool) -> int:  # a head's logsumexp bytes
+        aligned = kernel(masked) == MEMORY_EFFICIENT
+        return 4 * (math.ceil(rows / 32) * 32 if aligned else rows)
+
+    if pattern == "sparse":
+        blocks, width = _sparse_width(c, _seq_len(c))
+        bs = SPARSE_BLOCK
+        per_sample = h * blocks * (2 * k * bs * dh + 2 * k * width * bs * dh + lse(bs, True))
+        per_sample -= (5 if c.rotary_emb else 3) * k * h * dh * _seq_len(c)
+        return per_sample, blocks * bs * width * bs * k + 8 * blocks * width
+    s, text = c.image_fmap_size, c.text_seq_len + 1
+    _, keys = _band_keys(c, pattern)
+    masked = pattern not in ("axial_row", "axial_col")
+    per_sample = h * (k * text * dh + lse(text, False))
+    per_sample += h * s * (2 * k * s * dh + 2 * k * keys * dh + lse(s, masked))
+    if masked:
+        per_layer = h * s * s * keys * k
+    else:
+        per_layer = s * keys * k if device == "cpu" else 0
     return per_sample, per_layer
 
 
@@ -149,7 +195,7 @@ class Activations:
     per_sample: int  # saved activations + the widest backward moment, per sample
     fixed: int  # saved n x n masks (per masked layer, any batch)
     vae_per_sample: int  # the VAE phase, per image (vae_activation_bytes)
-    masks_cached: int  # each masked layer's boolean mask, built once and kept
+    masks_cached: int  # each masked layer's boolean mask (sparse gather's block mask), kept
 
 
 def activations(c: DALLEConfig, v: VAEConfig, precision: str, device: str = "cuda",
@@ -181,6 +227,9 @@ def activations(c: DALLEConfig, v: VAEConfig, precision: str, device: str = "cud
         per_layer.append((s, layer))
         if path in ("sdpa", "dense") and pattern != "full":
             masks += n * n
+        elif path == "gather" and pattern == "sparse":  # its BlockIndex's boolean mask
+            blocks, width = _sparse_width(c, n)
+            masks += blocks * SPARSE_BLOCK * width * SPARSE_BLOCK
     if checkpointing:
         per_sample = len(per_layer) * t.residual * d * n + max(s for s, _ in per_layer)
         fixed = max(layer for _, layer in per_layer)
