@@ -1,5 +1,7 @@
 # Two commands do all the set-up: `make demo` and `make test` create .venv on first use.
-# torch==2.13.0 is installed first and exactly: a looser spec pulls a multi-GB CUDA build.
+# torch==2.13.0 is installed first and exactly: a looser spec would pull another release.
+# PyPI's Linux wheel of it is the CUDA 13.0 build (docs/gpu.md); a CPU machine's pip
+# configuration may point at a CPU wheel instead.
 # `make test` adds the engines it tests for real: DeepSpeed from PyPI, and Horovod 0.28.1
 # built against this torch by scripts/build_horovod.sh (the wheel is cached under
 # ~/.cache/dalle_dist/wheels, so only the first build on a machine takes minutes).
@@ -20,7 +22,7 @@ GPU_CHECK_OUT ?= gpu-acceptance.json
 PYTEST_WORKERS ?= 2
 PYTEST := $(BIN)/pytest -q -n $(PYTEST_WORKERS) --no-loadscope-reorder
 
-.PHONY: demo test test-quick lint bench gpu-check clean
+.PHONY: demo test test-quick lint bench gpu-check gpu-check-quick clean
 
 $(BASE): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -65,11 +67,17 @@ bench: $(BASE)
 # The acceptance run for a GPU machine: `dalle-dist selftest`, the installed command a
 # pip-installed user runs too (src/dalle_dist/selftest). One PASS / FAIL / "not run" line per
 # check, the report in $(GPU_CHECK_OUT), exit status 1 when a check fails; at most 8 minutes
-# on one GPU. Without a GPU it runs the CPU checks (its --device cpu --quick form is part of
-# `make test`: tests/test_selftest.py). On a GPU machine put the CUDA build of torch into
-# .venv first (docs/gpu.md, "On a GPU machine").
+# on one GPU, start-up included (gpu-check-quick: every backend and precision once, at most
+# 4 minutes; run it first when GPU time is short). With 2 or more GPUs it also checks N
+# ranks of each backend against one process, and a hung rank. Without a GPU it runs the
+# CPU checks (its --device cpu --quick form is part of `make test`: tests/test_selftest.py).
+# PyPI's torch for Linux is the CUDA build: nothing else to install (docs/gpu.md).
 gpu-check: $(DEEPSPEED)
 	$(BIN)/dalle-dist selftest --out $(GPU_CHECK_OUT)
 
+gpu-check-quick: $(DEEPSPEED)
+	$(BIN)/dalle-dist selftest --quick --out $(GPU_CHECK_OUT:.json=-quick.json)
+
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .ruff_cache $(GPU_CHECK_OUT) selftest.json
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .ruff_cache $(GPU_CHECK_OUT) \
+		$(GPU_CHECK_OUT:.json=-quick.json) selftest.json

@@ -21,7 +21,9 @@ def add_selftest(p: argparse.ArgumentParser) -> None:
     p.description = ("Train each backend (single, DeepSpeed ZeRO-2/3, FSDP; world size 1, "
                      "each under its own launcher) in each precision, stop a run with "
                      "SIGTERM and resume it, check every attention path against the dense "
-                     "reference and the fast sampling paths against plain decoding. Prints "
+                     "reference and the fast sampling paths against plain decoding; with 2 or more "
+                     "GPUs (or --ranks N) also N ranks of each distributed backend against "
+                     "one process, and a hung rank against the watchdog. Prints "
                      "one line per check (PASS, FAIL, or why it did not run here) and "
                      "exits 1 when any check fails; it is sized to end within minutes "
                      "on one GPU.")
@@ -33,4 +35,4 @@ def run_selftest_cmd(args: argparse.Namespace) -> int:
     from dalle_dist.selftest import run_selftest
 
     config = from_args(SelftestConfig, args)
-    return run_selftest(config.device, config.quick, config.out)
+    return run_selftest(config.device, config.quick, config.out, ranks=config.ranks)

@@ -20,6 +20,11 @@ class SelftestConfig(DictConfig):
         False, "a shorter CPU run: train each backend in one precision (single in all "
         "three), time each sampling check once, and skip compiling FlexAttention; no "
         "change on cuda")
+    ranks: int | None = option(
+        None, "ranks of the multi-rank checks (one process each, under each backend's "
+        "launcher): on CUDA every GPU by default (rounded down to a power of two, at most "
+        "8; fewer than 2 GPUs: not run); on the CPU none unless given (2 runs them over "
+        "gloo)", metavar="N", default_text="default: every GPU")
     out: str = option(
         "selftest.json", "write the whole report here as JSON: every check's verdict and "
         "the numbers behind it (samples/s, MFU, memory, errors)", metavar="FILE")

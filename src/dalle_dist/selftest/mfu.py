@@ -78,3 +78,19 @@ def matmul_peaks(device: torch.device) -> dict[str, float]:
     # against them says nothing; no TF32 on a CPU either
     fp32 = device_matmul_peak(device, "fp32", 1024, repeats=3)
     return {"fp32": fp32, "tf32": fp32}
+
+
+#: Datasheet dense bf16 tensor-core peaks (FLOP/s, no sparsity) by a piece of the name CUDA
+#: gives the device, most specific first. Published MFUs are usually held against these,
+#: not against a measured matmul, so a figure compared with one needs them too.
+DATASHEET_BF16_PEAKS = (
+    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12),
+    ("A100", 312e12), ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12),
+)
+
+
+def datasheet_bf16_peak(device_name: str) -> float | None:
+    """The datasheet dense bf16 peak of the GPU called `device_name`
+    (torch.cuda.get_device_properties(...).name), or None for a device not in
+    DATASHEET_BF16_PEAKS."""
+    return next((peak for part, peak in DATASHEET_BF16_PEAKS if part in device_name), None)

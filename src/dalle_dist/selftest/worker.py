@@ -24,6 +24,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -59,6 +60,11 @@ def make_backend(spec: dict[str, Any]) -> Any:
     return backend
 
 
+def global_batch(spec: dict[str, Any], backend: Any) -> int:
+    """Samples per optimizer step over all ranks (Horovod's --batch_size is per rank)."""
+    return spec["batch"] * (1 if backend.batch_size_is_global else backend.world_size)
+
+
 def make_task_parts(spec: dict[str, Any], backend: Any, steps: int) -> tuple[Any, ...]:
     """(train config, data config, tokenizer, collate, DALL-E config, VAE) of a spec."""
     from dalle_dist.data import CaptionCollate, DataConfig
@@ -70,7 +76,8 @@ def make_task_parts(spec: dict[str, Any], backend: Any, steps: int) -> tuple[Any
                             clip_grad_norm=spec["clip"], save_every_n_steps=0,
                             sample_every_n_steps=0, log_every_n_steps=spec["log_every"],
                             seed=spec.get("seed", 42))
-    data_cfg = DataConfig(image_size=vae_cfg.image_size, shapes_count=steps * spec["batch"])
+    data_cfg = DataConfig(image_size=vae_cfg.image_size,
+                          shapes_count=steps * global_batch(spec, backend))
     tokenizer = ByteTokenizer()
     collate = CaptionCollate(tokenizer, dalle_cfg.text_seq_len, truncate=True)
     return train_cfg, data_cfg, tokenizer, collate, dalle_cfg, fresh_vae(vae_cfg)
@@ -155,6 +162,35 @@ def measured_task(base: type, clock: StepClock) -> type:
     return Measured
 
 
+def record_grad_norms(engine: Any) -> list[torch.Tensor]:
+    """Every optimizer step's pre-clip gradient norm, kept on the device (no read back
+    until the run ends): what the multi-GPU checks compare with one process, since Adam
+    and clipping hide a gradient off by a constant factor in the weights."""
+    norms: list[torch.Tensor] = []
+    step = engine.clip_and_step
+
+    def recording(max_norm: float | None) -> torch.Tensor | None:
+        norm = step(max_norm)
+        if norm is not None:
+            norms.append(norm.detach().float().reshape(()).clone())
+        return norm
+
+    engine.clip_and_step = recording
+    return norms
+
+
+def plain_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of a state dict, on the CPU in fp32, under the unwrapped model's names (a
+    copy: the initial weights of a CPU run would otherwise be the trained parameters)."""
+    def name(key: str) -> str:
+        for prefix in ("module.", "_orig_mod."):
+            key = key.removeprefix(prefix)
+        return key
+
+    return {name(k): v.detach().to("cpu", torch.float32, copy=True) for k, v in state.items()
+            if isinstance(v, torch.Tensor)}
+
+
 def logged_losses(metrics: Path) -> list[float]:
     if not metrics.exists():
         return []
@@ -167,6 +203,7 @@ def train_run(spec: dict[str, Any]) -> dict[str, Any]:
 
     from dalle_dist.backends.precision import matmul_dtypes
     from dalle_dist.checkpoint.checkpointer import Checkpointer
+    from dalle_dist.data.loader import default_num_workers
     from dalle_dist.train.config import RunPaths
     from dalle_dist.train.dalle_task import DALLETask
     from dalle_dist.train.loop import train
@@ -184,14 +221,21 @@ def train_run(spec: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(0)
     train_cfg, data_cfg, tokenizer, collate, dalle_cfg, vae = make_task_parts(spec, backend,
                                                                               steps)
-    loader = rank_loader(spec, backend, train_cfg, data_cfg, collate)
+    # loader processes as `dalle-dist train` picks them (none on the CPU): rendering the
+    # shapes in this process would put the renderer's time into the step's
+    workers = spec.get("workers", default_num_workers(
+        device, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    loader = rank_loader(spec, backend, train_cfg, data_cfg, collate, workers)
     clock = StepClock(warmup, steps, cuda)
     task = measured_task(DALLETask, clock)(dalle_cfg, vae, tokenizer, train_cfg,
                                            data_cfg.to_dict(), False, device,
                                            precision=backend.precision())
+    weights_out = spec.get("weights_out")
+    initial = plain_names(task.model.state_dict()) if weights_out else None
     engine = backend.distribute(task.model, task.make_optimizer, task.make_scheduler,
                                 shard_units=task.shard_units(task.model),
                                 clip_grad_norm=train_cfg.clip_grad_norm)
+    norms = record_grad_norms(engine)
 
     class NoSaves(Checkpointer):
         """Throughput runs write nothing: the resume check covers saving."""
@@ -212,24 +256,33 @@ def train_run(spec: dict[str, Any]) -> dict[str, Any]:
         losses = logged_losses(paths.metrics)
     with torch.no_grad(), matmul_dtypes(engine.module) as seen:
         engine.forward(*task.last_inputs)
-    timed = steps - warmup
+    if weights_out:  # collective under FSDP: every rank asks, the root writes
+        final = engine.full_state_dict()
+        if backend.is_root and final is not None:
+            torch.save({"initial": initial, "final": plain_names(final)}, weights_out)
+    timed, world = steps - warmup, backend.world_size
+    samples = global_batch(spec, backend)
     result: dict[str, Any] = {
-        "steps": steps, "timed_steps": timed, "batch": spec["batch"],
+        "steps": steps, "timed_steps": timed, "batch": samples, "world_size": world,
         "parameters": sum(p.numel() for p in task.model.parameters()),
-        "samples_per_s": round(timed * spec["batch"] / clock.elapsed, 2),
+        "samples_per_s": round(timed * samples / clock.elapsed, 2),
         "step_s": round(clock.elapsed / timed, 5),
         "logged_losses": [round(x, 4) for x in losses],
+        "grad_norms": torch.stack(norms).tolist() if norms else [],
         "matmul_dtypes": sorted(str(d).removeprefix("torch.") for d in seen),
-        "tf32": clock.tf32, "backend": backend,
+        "tf32": clock.tf32, "loader_workers": workers, "backend": backend,
     }
-    flops = training_flops_per_step(dalle_cfg, spec["batch"]) * timed
-    # MFU against the peak of the dtype the matmuls ran in: fp32 runs count TF32's when on
+    if weights_out:
+        result["weights"] = weights_out
+    flops = training_flops_per_step(dalle_cfg, samples) * timed
+    # MFU against the peak of the dtype the matmuls ran in (fp32 runs count TF32's when
+    # on), per GPU: the job's FLOPs over `world` devices' peaks
     peak_name = spec["precision"] if spec["precision"] != "fp32" else "tf32" if clock.tf32 \
         else "fp32"
     peak = spec.get("peaks", {}).get(peak_name)
     if peak:
         result["achieved_tflops"] = round(flops / clock.elapsed / 1e12, 3)
-        result["mfu"] = round(flops / clock.elapsed / peak, 4)
+        result["mfu"] = round(flops / clock.elapsed / (peak * world), 4)
         result["mfu_peak"] = peak_name
     if cuda:
         result["peak_bytes"] = torch.cuda.max_memory_allocated(device) - base_bytes
@@ -282,27 +335,99 @@ def resume_phase(spec: dict[str, Any]) -> dict[str, Any]:
     said it resumed at."""
     from dalle_dist.cli import main as dalle_dist_main
 
-    if spec.get("deterministic"):
-        torch.use_deterministic_algorithms(True, warn_only=True)
     out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                sigterm_after_step(spec.get("stop_at")):
-            status = dalle_dist_main(spec["argv"])
-    finally:  # the run's own output, in the rank's, for a reader of a failure
-        sys.stdout.write(out.getvalue())
-        sys.stderr.write(err.getvalue())
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                    deterministic(spec.get("deterministic", False)), \
+                    sigterm_after_step(spec.get("stop_at")):
+                status = dalle_dist_main(spec["argv"])
+        finally:  # the run's own output, in the rank's, for a reader of a failure
+            sys.stdout.write(out.getvalue())
+            sys.stderr.write(err.getvalue())
     said = out.getvalue()
     if status != 0:
         raise RuntimeError(f"dalle-dist {' '.join(spec['argv'][:1])} exited {status}: "
                            f"{(err.getvalue() or said)[-1000:]}")
     resumed = re.search(r"^resuming .* at step (\d+)", said, re.MULTILINE)
-    return {"phase": spec["phase"], "checkpoint": spec["output"],
-            "stopped": "stopped by SIGTERM after step" in said,
-            "resumed_from_step": int(resumed.group(1)) if resumed else None}
+    result = {"phase": spec["phase"], "checkpoint": spec["output"],
+              "stopped": "stopped by SIGTERM after step" in said,
+              "resumed_from_step": int(resumed.group(1)) if resumed else None,
+              "nondeterministic_ops": sorted({m.group(1) for w in records
+                                              if (m := NONDETERMINISTIC.search(str(w.message)))})}
+    if spec.get("stop_at") is not None and result["stopped"]:
+        # the weights at the stop, before the resumed run overwrites NAME.pt: how far the
+        # resumed part of training moved them is the scale a resume's error is judged on
+        stopped = Path(spec["output"]).with_suffix(".at-stop.pt")
+        shutil.copyfile(spec["output"], stopped)
+        result["checkpoint_at_stop"] = str(stopped)
+    return result
 
 
-KINDS = {"train": train_run, "resume": resume_phase}
+#: What torch warns when an op without a deterministic implementation runs in
+#: deterministic mode with warn_only (the op's name is the first word).
+NONDETERMINISTIC = re.compile(r"(\S+) does not have a deterministic implementation")
+
+
+@contextlib.contextmanager
+def deterministic(enabled: bool) -> Iterator[None]:
+    """Repeatable CUDA training for the resume phases: deterministic algorithms (cuBLAS
+    with a fixed workspace, set by the caller's CUBLAS_WORKSPACE_CONFIG), cuDNN without
+    autotuning, and attention through SDPA's math kernel, whose backward is deterministic
+    (flash and memory-efficient attention accumulate their gradients with atomics, and
+    warn_only lets them run). warn_only stays on: an op that has no deterministic form
+    (NLLLoss's forward sum on CUDA) runs and is named in the result instead of ending
+    the run; resume.py then judges within a tolerance, not bit for bit."""
+    if not enabled:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    saved = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
+    try:
+        with sdpa_kernel([SDPBackend.MATH]):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[2:]
+
+
+# -- a hung peer ------------------------------------------------------------------------------
+
+
+def hung_peer_run(spec: dict[str, Any]) -> dict[str, Any]:
+    """`dalle-dist train` on every rank, rank spec["victim"] stopping itself (SIGSTOP, a
+    hung peer: its sockets stay open, so nothing reports it dead) after step
+    spec["stop_at"], once it has written the monotonic time of the stop to
+    spec["stopped_file"] (with its pid: a stopped process outlives its launcher's kill of
+    the session, so the selftest kills it). The others must end with the one-line error
+    naming their wait
+    within --collective_timeout; the selftest reads that line from the launch's output, so
+    this returns only on a rank that (wrongly) finished the run."""
+    from dalle_dist.cli import main as dalle_dist_main
+    from dalle_dist.train.dalle_task import DALLETask
+
+    rank = int(os.environ.get("RANK", "0"))
+    original = DALLETask.after_step
+
+    def after_step(self: DALLETask, step: int, engine: Any) -> None:
+        original(self, step, engine)
+        if step == spec["stop_at"] and rank == spec["victim"]:
+            Path(spec["stopped_file"]).write_text(f"{time.monotonic()} {os.getpid()}")
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    DALLETask.after_step = after_step  # type: ignore[method-assign]
+    status = dalle_dist_main(spec["argv"])
+    return {"exit_status": status, "rank": rank}
+
+
+KINDS = {"train": train_run, "resume": resume_phase, "hung_peer": hung_peer_run}
 
 
 def main() -> None:
