@@ -32,6 +32,15 @@ DOCKERFILE = ROOT / "docker" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 CUDA_PYTORCH_REPOS = ("pytorch/pytorch", "nvcr.io/nvidia/pytorch")
 HOROVOD_SCRIPT = "scripts/build_horovod.sh"
+# The CUDA that PyPI's torch wheel for Linux x86_64 is built with, per release: what a plain
+# `pip install torch==X` gets on a GPU machine, so what the image should run too. Read from
+# the wheel's METADATA (2.13.0: cuda-toolkit[...]==13.0.3, nvidia-*-cu13), without
+# downloading its CUDA packages:
+#   pip install --dry-run --report r.json --no-deps --only-binary=:all: \
+#       --platform manylinux_2_28_x86_64 --target /tmp/t torch==X
+PYPI_TORCH_CUDA = {"2.13.0": "13.0"}
+# The lowest compute capability each CUDA major's nvcc still compiles for.
+NVCC_MIN_CC = {12: 50, 13: 75}
 
 
 # --- A Dockerfile parser: enough of the syntax for the checks below ------------------------
@@ -281,8 +290,8 @@ def test_hadolint_reports_what_it_finds(tmp_path: Path) -> None:
 # --- the Dockerfile against pyproject.toml and the repository --------------------------------
 
 
-def test_base_image_is_a_pinned_cuda_pytorch_devel_image(
-        instructions: list[Instruction], pyproject: dict) -> None:
+def _base_image(instructions: list[Instruction]) -> tuple[str, str]:
+    """(repository, tag) of the image the last stage builds on, ARG defaults applied."""
     froms = _only(instructions, "FROM")
     assert froms, "no FROM"
     stages: dict[str, str] = {}
@@ -294,21 +303,74 @@ def test_base_image_is_a_pinned_cuda_pytorch_devel_image(
         if len(words) == 3 and words[1].lower() == "as":
             stages[words[2]] = image
     repo, _, tag = image.rpartition(":")
+    return repo, tag
+
+
+def _pytorch_tag(tag: str) -> tuple[str, tuple[int, int]]:
+    """(torch version, (CUDA major, minor)) of a pytorch/pytorch devel tag."""
+    # The devel flavour carries nvcc, which DeepSpeed's JIT ops and the Horovod build need.
+    match = re.fullmatch(r"(\d+\.\d+\.\d+)-cuda(\d+)\.(\d+)-cudnn\d+-devel", tag)
+    assert match, f"tag {tag!r} is not TORCH-cudaX.Y-cudnnN-devel"
+    return match.group(1), (int(match.group(2)), int(match.group(3)))
+
+
+def _makefile_torch() -> str:
+    """The torch version the Makefile's venv set-up installs (`pip install ... torch==X`)."""
+    recipes = [line for line in (ROOT / "Makefile").read_text().splitlines()
+               if not line.lstrip().startswith("#")]
+    pins = {m.group(1) for line in recipes
+            for m in [re.search(r"pip install\b.*\btorch==([\w.+]+)", line)] if m}
+    assert len(pins) == 1, f"expected one torch==X pin in the Makefile, found {sorted(pins)}"
+    return pins.pop()
+
+
+def test_base_image_is_a_pinned_cuda_pytorch_devel_image(
+        instructions: list[Instruction], pyproject: dict) -> None:
+    repo, tag = _base_image(instructions)
+    image = f"{repo}:{tag}"
     assert repo in CUDA_PYTORCH_REPOS, f"base image {image!r} is not a CUDA PyTorch image"
     assert tag and tag != "latest" and "$" not in tag, f"base image {image!r} is not pinned"
     if repo == "nvcr.io/nvidia/pytorch":
         assert re.fullmatch(r"\d{2}\.\d{2}-py3", tag), tag
         return
-    # The devel flavour carries nvcc, which DeepSpeed's JIT ops and the Horovod build need.
-    match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)-cuda(\d+)\.(\d+)-cudnn(\d+)-devel", tag)
-    assert match, f"tag {tag!r} is not TORCH-cudaX.Y-cudnnN-devel"
-    torch_version = tuple(int(x) for x in match.groups()[:3])
-    assert int(match.group(4)) >= 12, f"CUDA {match.group(4)} is too old"
+    version, (cuda_major, _) = _pytorch_tag(tag)
+    torch_version = tuple(int(x) for x in version.split("."))
+    assert cuda_major >= 12, f"CUDA {cuda_major} is too old"
     # pip must keep the image's torch: it has to satisfy the package's own requirement.
     (floor,) = [re.fullmatch(r"torch>=([\d.]+)", d.replace(" ", "")).group(1)
                 for d in pyproject["project"]["dependencies"] if d.startswith("torch")]
     floor_version = tuple(int(x) for x in floor.split("."))
     assert torch_version >= floor_version, f"image torch {torch_version} < torch>={floor}"
+
+
+def test_base_image_runs_the_torch_and_cuda_of_a_pypi_install(
+        instructions: list[Instruction]) -> None:
+    """The image's torch is the Makefile's pin, built with the CUDA of PyPI's wheel of it."""
+    repo, tag = _base_image(instructions)
+    if repo != "pytorch/pytorch":
+        pytest.skip(f"{repo} tags name no torch version")
+    version, (major, minor) = _pytorch_tag(tag)
+    pinned = _makefile_torch()
+    assert version == pinned, f"image torch {version}, Makefile torch=={pinned}"
+    assert pinned in PYPI_TORCH_CUDA, (
+        f"which CUDA PyPI's torch {pinned} carries is unknown here: read it from the wheel's "
+        f"METADATA (see PYPI_TORCH_CUDA) and add it")
+    assert f"{major}.{minor}" == PYPI_TORCH_CUDA[pinned], (
+        f"image CUDA {major}.{minor}, PyPI's torch {pinned} wheel CUDA {PYPI_TORCH_CUDA[pinned]}")
+
+
+def test_horovod_kernels_are_for_what_the_images_nvcc_compiles(
+        instructions: list[Instruction]) -> None:
+    repo, tag = _base_image(instructions)
+    if repo != "pytorch/pytorch":
+        pytest.skip(f"{repo} tags name no CUDA version")
+    _, (major, _) = _pytorch_tag(tag)
+    assert major in NVCC_MIN_CC, f"lowest compute capability of CUDA {major} unknown here"
+    cc_list = arg_defaults(instructions).get("HOROVOD_CUDA_CC_LIST", "")
+    capabilities = [int(cc) for cc in cc_list.split(",") if cc.strip()]
+    assert capabilities, "ARG HOROVOD_CUDA_CC_LIST has no default"
+    too_old = [cc for cc in capabilities if cc < NVCC_MIN_CC[major]]
+    assert not too_old, f"CUDA {major}'s nvcc does not compile for {too_old}"
 
 
 def _project_install(instructions: list[Instruction]) -> tuple[int, str, list[str]]:
@@ -405,7 +467,8 @@ def test_entrypoint_is_the_package_console_script(
 
 def test_environment_and_workdir(instructions: list[Instruction]) -> None:
     env = env_values(instructions)
-    for key in ("PIP_NO_CACHE_DIR", "PYTHONUNBUFFERED"):
+    # PIP_BREAK_SYSTEM_PACKAGES: pip installs into the image's EXTERNALLY-MANAGED Python.
+    for key in ("PIP_NO_CACHE_DIR", "PYTHONUNBUFFERED", "PIP_BREAK_SYSTEM_PACKAGES"):
         assert env.get(key, "").lower() in ("1", "true", "on", "yes"), f"{key} not set"
     workdirs = _only(instructions, "WORKDIR")
     assert workdirs and workdirs[-1][1].value.startswith("/") and workdirs[-1][1].value != "/"
