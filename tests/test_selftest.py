@@ -235,7 +235,8 @@ def test_multi_rank_section_on_two_cpu_ranks(tmp_path: Path, monkeypatch: pytest
     # per GPU: the job's FLOP/s over 2 devices' peaks
     assert ddp["mfu_per_gpu"] == pytest.approx(ddp["achieved_tflops"] * 1e12 / 2e10, rel=0.1)
     hung = checks["hung peer"].details
-    assert hung["collective_timeout_s"] <= hung["after_stop_s"] <= hung["limit_s"]
+    # the survivor may have started its wait up to a step before the victim stopped
+    assert hung["collective_timeout_s"] - 5 <= hung["after_stop_s"] <= hung["limit_s"]
     assert "rank 0 waited" in hung["line"]
     # the stopped rank is gone too (torchrun's session kill leaves it stopped, not ended)
     status = Path(f"/proc/{hung['victim_pid']}/status")
