@@ -343,13 +343,21 @@ def test_base_image_is_a_pinned_cuda_pytorch_devel_image(
     assert torch_version >= floor_version, f"image torch {torch_version} < torch>={floor}"
 
 
+def _pytorch_base(instructions: list[Instruction]) -> tuple[str, tuple[int, int]]:
+    """(torch version, CUDA (major, minor)) of the default base image, which must be an
+    official pytorch/pytorch image: its tag names both, so they can be checked against the
+    Makefile's pin (NGC's nvcr.io tags name a month, not a torch)."""
+    repo, tag = _base_image(instructions)
+    assert repo == "pytorch/pytorch", (
+        f"default base image {repo}:{tag}: use a pytorch/pytorch tag, whose torch and CUDA "
+        "can be checked against the Makefile's pin (override others with --build-arg)")
+    return _pytorch_tag(tag)
+
+
 def test_base_image_runs_the_torch_and_cuda_of_a_pypi_install(
         instructions: list[Instruction]) -> None:
     """The image's torch is the Makefile's pin, built with the CUDA of PyPI's wheel of it."""
-    repo, tag = _base_image(instructions)
-    if repo != "pytorch/pytorch":
-        pytest.skip(f"{repo} tags name no torch version")
-    version, (major, minor) = _pytorch_tag(tag)
+    version, (major, minor) = _pytorch_base(instructions)
     pinned = _makefile_torch()
     assert version == pinned, f"image torch {version}, Makefile torch=={pinned}"
     assert pinned in PYPI_TORCH_CUDA, (
@@ -361,10 +369,7 @@ def test_base_image_runs_the_torch_and_cuda_of_a_pypi_install(
 
 def test_horovod_kernels_are_for_what_the_images_nvcc_compiles(
         instructions: list[Instruction]) -> None:
-    repo, tag = _base_image(instructions)
-    if repo != "pytorch/pytorch":
-        pytest.skip(f"{repo} tags name no CUDA version")
-    _, (major, _) = _pytorch_tag(tag)
+    _, (major, _) = _pytorch_base(instructions)
     assert major in NVCC_MIN_CC, f"lowest compute capability of CUDA {major} unknown here"
     cc_list = arg_defaults(instructions).get("HOROVOD_CUDA_CC_LIST", "")
     capabilities = [int(cc) for cc in cc_list.split(",") if cc.strip()]

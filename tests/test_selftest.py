@@ -123,21 +123,23 @@ def test_gpu_only_verdicts_from_worker_numbers() -> None:
     assert training.sync_check("x", syncs, "single", True).status == "PASS"
 
 
-def test_resume_verdict_within_tolerance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                         ) -> None:
+def test_resume_verdict_within_tolerance(tmp_path: Path) -> None:
     """On a GPU whose two uninterrupted runs differ (an op without a deterministic form),
     `resume P` judges within RESUME_TOLERANCE: real phases on the CPU (worker.resume_phase,
     the `dalle-dist train` lines of the check) with the machine's noise simulated as a
     control run 1e-3 of the updates away. A correct resume passes; one whose random
     streams are not restored (the subtlest resume bug: only dropout sees it) fails; a
-    control beyond the tolerance fails as too noisy to judge."""
+    control beyond the tolerance fails as too noisy to judge. The bug is made in the
+    checkpoint the resume reads: its saved random streams replaced by another seed's, so
+    the resumed run draws other dropout masks, as one that never restored them does."""
     import contextlib
     import io
 
     import torch
 
-    import dalle_dist.checkpoint.resume as checkpoint_resume
+    from dalle_dist.checkpoint.format import write_checkpoint_file
     from dalle_dist.checkpoint.load import load_checkpoint
+    from dalle_dist.checkpoint.rng import capture_rng
     from dalle_dist.selftest import resume, worker
     from dalle_dist.selftest.models import MODELS, save_fresh_vae
 
@@ -158,7 +160,13 @@ def test_resume_verdict_within_tolerance(tmp_path: Path, monkeypatch: pytest.Mon
     at_stop = phase("good", "interrupted", stop_at=3)
     good = phase("good", "resumed")
     assert phase("bad", "interrupted", stop_at=3).keys() == at_stop.keys()
-    monkeypatch.setattr(checkpoint_resume, "restore_rank_rng", lambda *a, **k: True)
+    stopped = torch.load(tmp_path / "bad.pt", weights_only=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(12345)
+        other = capture_rng()
+    (saved,) = stopped["rng"]  # one rank's states
+    assert not torch.equal(other["torch"], saved["torch"])
+    write_checkpoint_file(tmp_path / "bad.pt", {**stopped, "rng": [other]})
     bad = phase("bad", "resumed")
 
     def control(scale: float) -> dict[str, torch.Tensor]:
@@ -207,8 +215,7 @@ def test_multi_rank_verdict_from_worker_numbers(tmp_path: Path) -> None:
     assert multi.multi_world(torch.device("cpu"), 2) == (2, None)
 
 
-def test_multi_rank_section_on_two_cpu_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_multi_rank_section_on_two_cpu_ranks(tmp_path: Path) -> None:
     """The multi-GPU section as a machine with 2 GPUs runs it, on 2 CPU ranks over gloo
     (--ranks 2): DDP and FSDP2 under one torchrun equal their one-process references,
     and a rank that stops itself makes the survivor print the one-line error naming its
@@ -220,11 +227,10 @@ def test_multi_rank_section_on_two_cpu_ranks(tmp_path: Path, monkeypatch: pytest
     from dalle_dist.selftest import multi
     from dalle_dist.selftest.report import Report
 
-    monkeypatch.setattr(multi, "MULTI_RUNS", (("torch", None, "bf16"), ("fsdp", None, "fp16")))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     report = Report(torch.device("cpu"), quick=True)
     multi.multi_section(report, torch.device("cpu"), False, {"bf16": 1e10, "fp16": 1e10},
-                        tmp_path, ranks=2, timeout=300)
+                        tmp_path, ranks=2, timeout=300,
+                        runs=(("torch", None, "bf16"), ("fsdp", None, "fp16")))
     checks = {c.name: c for c in report.checks}
     assert sorted(checks) == ["hung peer", "multi fsdp fp16", "multi torch bf16"]
     for check in checks.values():

@@ -259,37 +259,52 @@ GATHER_CASES = [("axial_row", {}), ("axial_col", {}), ("conv_like", {"kernel": 3
                 ("sparse", {"random_blocks": 2})]
 
 
+class AttentionKernels(TorchDispatchMode):
+    """Records the attention kernels a forward reaches, as aten ops (after SDPA chose):
+    the CPU's fused flash kernel with its q, k, v and mask shapes, and the ops SDPA's
+    math path decomposes into (bmm, softmax), which no other part of a layer runs."""
+
+    FUSED = "_scaled_dot_product_flash_attention_for_cpu"
+    MATH = frozenset({"bmm", "_softmax", "softmax"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fused: list[tuple[list[int], torch.Size | None]] = []
+        self.math: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func.overloadpacket.__name__
+        if name == self.FUSED:
+            mask = (kwargs or {}).get("attn_mask")
+            self.fused.append(([t.dim() for t in args[:3]],
+                               None if mask is None else mask.shape))
+        elif name in self.MATH:
+            self.math.append(name)
+        return func(*args, **(kwargs or {}))
+
+
 @pytest.mark.parametrize("case", GATHER_CASES, ids=case_id)
-def test_gather_paths_call_sdpa_with_4d_tensors(case: tuple[str, dict],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gather_paths_call_sdpa_with_4d_tensors(case: tuple[str, dict]) -> None:
     """SDPA's fused kernels (flash, memory-efficient, CPU flash) take [b, h, n, d] only;
     5-D inputs go to its math path, upcast to fp32. Bug caught: the band gather batching
-    its grid lines as a fifth dimension. An axial band passes no mask at all (a
-    lower-right CausalBias, which flash takes)."""
-    from torch.nn.attention.bias import CausalBias
-
+    its grid lines as a fifth dimension (then the band's attention shows up as bmm and
+    softmax, not as the fused kernel). An axial band passes no mask of its own: a
+    lower-right CausalBias, which the CPU kernel receives as one [line, keys] mask (a
+    band mask would be per line and head)."""
     name, kw = case
     layout = layouts_for(name)[-1]
-    calls: list[tuple[int, ...]] = []
-    masks: list[object] = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def recording(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
-                  **kwargs: object) -> Tensor:
-        calls.append((q.dim(), k.dim(), v.dim()))
-        masks.append(attn_mask)
-        if isinstance(attn_mask, CausalBias):  # its dispatch knows only torch's own
-            attn_mask = attn_mask._materialize(q.device)  # function (what it does on CPU)
-        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
     layer = make_layer(make_pattern(name, kw), "gather")
     x = torch.randn(2, layout.seq_len, DIM, dtype=torch.float64)
-    out = layer(x, layout)
-    assert calls and set(calls) == {(4, 4, 4)}, calls
-    assert all(m is None or isinstance(m, CausalBias) or m.dim() <= 4 for m in masks)
+    kernels = AttentionKernels()
+    with kernels:
+        out = layer(x, layout)
+    assert kernels.fused and kernels.math == [], (kernels.fused, kernels.math)
+    assert all(dims == [4, 4, 4] for dims, _ in kernels.fused), kernels.fused
+    assert all(m is None or len(m) <= 4 for _, m in kernels.fused)
     if name.startswith("axial"):
-        assert any(isinstance(m, CausalBias) for m in masks), masks
+        s = layout.fmap_size
+        assert (torch.Size([s, layout.text_len + s])
+                in [m for _, m in kernels.fused]), kernels.fused
     torch.testing.assert_close(  # still the pattern (every path: the test above)
         out, reference(layer, x, brute_mask(name, kw, layout, layout.seq_len)),
         atol=TOL, rtol=0)

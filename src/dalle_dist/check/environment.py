@@ -16,13 +16,13 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from dalle_dist.backends.precision_kinds import DEFAULT_PRECISION, PRECISION_KINDS, PRECISIONS
+from dalle_dist.backends.precision_kinds import DEFAULT_PRECISION, PRECISIONS
 from dalle_dist.backends.registry import (
     BACKENDS,
     DEFAULT_BACKEND,
@@ -31,8 +31,9 @@ from dalle_dist.backends.registry import (
 )
 from dalle_dist.backends.verdict import error_line, installed_version
 from dalle_dist.model.config import DALLEConfig, VAEConfig
-from dalle_dist.model.kernels import by_precision, config_kernels, cuda_capability
+from dalle_dist.model.kernels import by_precision, cuda_capability
 from dalle_dist.model.patterns import PATTERNS
+from dalle_dist.plan.advice import attention_kernels
 
 SHM_WARN_BYTES = 1 << 30
 #: The --attn_dropout the kernel facts name a second kernel for (any rate > 0 is alike).
@@ -127,24 +128,22 @@ def attention_facts(cuda: bool) -> dict[str, Any]:
 def kernel_facts() -> dict[str, Any]:
     """The kernel a training layer of each pattern uses here (the first GPU, else the CPU),
     per precision, with --attn_impl auto at train's default sizes, without and with
-    --attn_dropout (model/kernels.py; `dalle-dist plan` names them for a run's own flags):
+    --attn_dropout (plan's attention_kernels, which `dalle-dist plan` prints for a run's
+    own flags):
     {"capability": "9.0" | null, "text_seq_len", "image_fmap_size", "dim_head",
      "patterns": {pattern: {"train" | "train_with_dropout": {precision: kernel}}}}."""
-    capability = cuda_capability()
+    device = "cpu" if cuda_capability() is None else "cuda"
     vae = VAEConfig()
     c = DALLEConfig(num_text_tokens=2, num_image_tokens=vae.num_tokens,
                     image_fmap_size=vae.fmap_size, attn_types=tuple(PATTERNS))
-    patterns: dict[str, dict[str, dict[str, str]]] = {
-        name: {"train": {}, "train_with_dropout": {}} for name in PATTERNS}
-    for precision in PRECISIONS:
-        dtype = PRECISION_KINDS[precision].dtype or torch.float32
-        for key, rate in (("train", 0.0), ("train_with_dropout", EXAMPLE_DROPOUT)):
-            for name, (_, kernel) in config_kernels(c, "auto", dtype, capability,
-                                                    rate).items():
-                patterns[name][key][precision] = kernel
-    return {"capability": None if capability is None else "{}.{}".format(*capability),
-            "text_seq_len": c.text_seq_len, "image_fmap_size": c.image_fmap_size,
-            "dim_head": c.dim_head, "patterns": patterns}
+    runs = {key: attention_kernels(replace(c, attn_dropout=rate), device, "auto", PRECISIONS)
+            for key, rate in (("train", 0.0), ("train_with_dropout", EXAMPLE_DROPOUT))}
+    patterns = {name: {key: {precision: entry["kernel"]
+                             for precision, entry in run["patterns"][name].items()}
+                       for key, run in runs.items()} for name in PATTERNS}
+    return {"capability": runs["train"]["capability"], "text_seq_len": c.text_seq_len,
+            "image_fmap_size": c.image_fmap_size, "dim_head": c.dim_head,
+            "patterns": patterns}
 
 
 def kernel_lines(kernels: dict[str, Any]) -> list[str]:

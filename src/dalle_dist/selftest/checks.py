@@ -8,17 +8,17 @@ is involved, so a FAIL here is the library's arithmetic, not the machine's set-u
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from dalle_dist.model.vqgan import exact_fp32_matmuls
 from dalle_dist.selftest.report import NO_CUDA, Outcome, Report
 
 #: bf16 paths may be this much worse than the dense path in bf16 (both against fp32), plus
@@ -26,17 +26,6 @@ from dalle_dist.selftest.report import NO_CUDA, Outcome, Report
 BF16_ERROR_FACTOR, BF16_SLACK = 2.0, 2.0**-7
 #: fp32 paths against the fp32 dense reference (TF32 off), relative to the output's scale.
 FP32_TOLERANCE = 1e-4
-
-
-@contextlib.contextmanager
-def exact_fp32() -> Iterator[None]:
-    """fp32 matmuls without TF32 while inside (the reference must be the reference)."""
-    saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(saved)
 
 
 def sync(device: torch.device) -> None:
@@ -103,7 +92,7 @@ def attention_check(pattern_name: str, dtype_name: str, device: torch.device,
         if bool((mask == torch.ones_like(mask).tril()).all()):
             return "FAIL", (f"{pattern_name} is plain causal attention at {sizes}: the check "
                             "would prove nothing"), {"layout": sizes}
-    with exact_fp32():
+    with exact_fp32_matmuls():
         ref = _layer_run(layer("dense", torch.float32), x, grad_out, layout, True)
         baseline = None
         if dtype is not torch.float32:

@@ -30,6 +30,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,12 +135,15 @@ def multi_verdict(out: dict[str, Any], reference: dict[str, Any], precision: str
 
 
 def multi_section(report: Report, device: torch.device, quick: bool, peaks: dict[str, float],
-                  folder: Path, ranks: int | None, timeout: float) -> None:
-    """Every MULTI_RUNS entry this machine can run on N ranks, its reference, and the
-    hung-peer check; "not run" lines with the reason otherwise."""
+                  folder: Path, ranks: int | None, timeout: float,
+                  runs: Sequence[tuple[str, int | None, str]] | None = None) -> None:
+    """Every MULTI_RUNS entry (QUICK_MULTI_RUNS' with `quick`; or `runs`) this machine can
+    run on N ranks, its reference, and the hung-peer check; "not run" lines with the
+    reason otherwise."""
     cuda = device.type == "cuda"
     world, why = multi_world(device, ranks)
-    runs = [r for r in MULTI_RUNS if not quick or r in QUICK_MULTI_RUNS]
+    if runs is None:
+        runs = [r for r in MULTI_RUNS if not quick or r in QUICK_MULTI_RUNS]
     if why is not None:  # checks for GPU machines: on the CPU only when asked (--ranks)
         for backend, stage, precision in runs:
             report.add(Check(f"multi {run_label(backend, stage)} {precision}", why,

@@ -25,7 +25,8 @@ import torch
 from dalle_dist.model.decoding import StaticDecoder
 from dalle_dist.model.modes import eval_mode
 from dalle_dist.model.sampling import sample_tokens
-from dalle_dist.selftest.checks import exact_fp32, sync
+from dalle_dist.model.vqgan import exact_fp32_matmuls
+from dalle_dist.selftest.checks import sync
 from dalle_dist.selftest.report import NO_CUDA, Outcome
 
 #: Top-k threshold, temperature and seed of every sampling check.
@@ -226,7 +227,7 @@ def sampling_static_cache_check(device: torch.device, repeats: int,
     logits_tolerance, and its batch-1 seconds per image (VAE decoding included).
     `models`: (DALL-E, VAE, captions), sampling_model's by default."""
     model, vae, text = models or sampling_model(device)
-    with exact_fp32():
+    with exact_fp32_matmuls():
         agreement = fast_path_agreement(RecordingDecoder(model, text.shape[0]), text)
     seconds = _seconds_per_image(
         lambda g: model.generate_images(text[:1], vae, FILTER_THRES, TEMPERATURE, g), device,
@@ -287,7 +288,7 @@ def sampling_cuda_graphs_check(device: torch.device, repeats: int) -> Outcome:
     sampler, why = compiled_sampler(model, device, cuda_graphs=True)
     if sampler is None:
         return f"not run: {why}", "", {}
-    with exact_fp32():
+    with exact_fp32_matmuls():
         agreement = fast_path_agreement(
             RecordingDecoder(model, text.shape[0], compiled=True), text)
     s_eager = _seconds_per_image(
