@@ -21,7 +21,12 @@ import torch
 from dalle_dist import plan
 from dalle_dist.errors import ConfigError
 from dalle_dist.model import ATTN_IMPLS, DALLE, PATTERNS, DALLEConfig, DiscreteVAE, VAEConfig
-from dalle_dist.model.attention import CONV_GATHER_MIN_SIDE, resolve_impl
+from dalle_dist.model.attention import (
+    AXIAL_MATMUL_MIN_SIDE,
+    CONV_GATHER_MIN_SIDE,
+    CONV_MATMUL_MIN_SIDE,
+    resolve_impl,
+)
 from dalle_dist.model.patterns import SequenceLayout, SparsePattern, build_pattern
 from tests.conftest import assert_user_error, run_cli
 
@@ -85,7 +90,9 @@ def test_attention_path_is_resolve_impls() -> None:
         pattern = build_pattern(name)
         for device in plan.DEVICES:
             for impl in ATTN_IMPLS:
-                for side in (8, CONV_GATHER_MIN_SIDE - 1, CONV_GATHER_MIN_SIDE, 32):
+                for side in (8, AXIAL_MATMUL_MIN_SIDE, CONV_MATMUL_MIN_SIDE - 1,
+                             CONV_MATMUL_MIN_SIDE, CONV_GATHER_MIN_SIDE - 1,
+                             CONV_GATHER_MIN_SIDE, 32):
                     layout = SequenceLayout(text_len=9, fmap_size=side)
                     expected = resolve_impl(impl, pattern, torch.device(device), layout)
                     assert plan.attention_path(name, device, side, impl) == expected, (
@@ -116,8 +123,10 @@ def saved_bytes(config: DALLEConfig, precision: str, batch: int, attn_impl: str 
 
 @pytest.mark.parametrize(("pattern", "precision", "side", "batch"), [
     ("full", "fp32", 8, 4), ("full", "bf16", 8, 4), ("axial_row", "fp32", 8, 3),
-    ("axial_col", "bf16", 8, 2), ("sparse", "fp32", 8, 2), ("conv_like", "bf16", 8, 2),
-    ("conv_like", "fp32", CONV_GATHER_MIN_SIDE, 1),
+    ("axial_row", "fp32", AXIAL_MATMUL_MIN_SIDE, 2),
+    ("axial_col", "bf16", AXIAL_MATMUL_MIN_SIDE, 2),
+    ("sparse", "fp32", 8, 2), ("conv_like", "bf16", 8, 2),
+    ("conv_like", "fp32", CONV_MATMUL_MIN_SIDE, 1),
 ])
 def test_layer_activations_are_what_autograd_saves(pattern: str, precision: str, side: int,
                                                    batch: int) -> None:
@@ -138,6 +147,8 @@ def test_layer_activations_are_what_autograd_saves(pattern: str, precision: str,
     ("full", "fp32", "auto"), ("full", "bf16", "auto"), ("axial_row", "fp32", "auto"),
     ("conv_like", "bf16", "auto"), ("sparse", "fp32", "auto"), ("axial_col", "bf16", "auto"),
     ("conv_like", "bf16", "gather"), ("sparse", "fp32", "gather"), ("sparse", "bf16", "gather"),
+    ("axial_row", "fp32", "gather"), ("axial_col", "fp32", "matmul"),
+    ("conv_like", "bf16", "matmul"),
 ])
 def test_layer_activations_with_rotary_and_shift(pattern: str, precision: str, impl: str
                                                  ) -> None:
@@ -332,9 +343,9 @@ def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
             "gpu_memory_bytes", "usable_bytes", "device", "rows",
             "recommendation"} <= set(report)
     assert report["layers"] == [{"pattern": "full", "path": "sdpa"},
-                                {"pattern": "axial_row", "path": "gather"},
+                                {"pattern": "axial_row", "path": "sdpa"},
                                 {"pattern": "full", "path": "sdpa"},
-                                {"pattern": "axial_row", "path": "gather"}]
+                                {"pattern": "axial_row", "path": "sdpa"}]
     assert len(report["rows"]) == len(plan.BACKEND_ORDER)
     row = report["rows"][1]
     assert {"backend", "zero_stage", "precision", "gpus", "micro_batch", "params", "grads",

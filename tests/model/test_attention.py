@@ -127,7 +127,7 @@ def make_layer(pattern: AttentionPattern, impl: str, seed: int = 0) -> Attention
     return layer
 
 
-IMPLS = ["dense", "sdpa", "gather"] + (["flex"] if torch.cuda.is_available() else [])
+IMPLS = ["dense", "sdpa", "gather", "matmul"] + (["flex"] if torch.cuda.is_available() else [])
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -217,12 +217,20 @@ def test_unknown_pattern_lists_valid_names() -> None:
 def test_auto_picks_a_path_per_device() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_impl("auto", build_pattern("full"), cpu) == "sdpa"
-    assert resolve_impl("auto", build_pattern("axial_row"), cpu) == "gather"
+    for name, side in (("axial_row", 12), ("axial_col", 12), ("conv_like", 16)):
+        below, at = SequenceLayout(33, side - 1), SequenceLayout(33, side)
+        assert resolve_impl("auto", build_pattern(name), cpu, below) == "sdpa", name
+        assert resolve_impl("auto", build_pattern(name), cpu, at) == "matmul", name
+        # On CUDA with dropout (no flex): the fused gather, never the CPU's matmuls.
+        assert resolve_impl("auto", build_pattern(name), cuda, at, 0.1) in ("gather", "sdpa")
+    assert resolve_impl("auto", build_pattern("axial_row"), cuda, SequenceLayout(33, 8),
+                        0.1) == "gather"
     assert resolve_impl("auto", build_pattern("sparse"), cpu) == "sdpa"
-    assert resolve_impl("auto", build_pattern("conv_like"), cpu, SequenceLayout(33, 16)) == "sdpa"
-    assert resolve_impl("auto", build_pattern("conv_like"), cpu, SequenceLayout(33, 32)) == "gather"
     assert resolve_impl("auto", build_pattern("sparse"), cuda) == "flex"
     assert resolve_impl("gather", build_pattern("full"), cpu) == "sdpa"
+    # matmul on a pattern without a band: that pattern's own choice.
+    assert resolve_impl("matmul", build_pattern("full"), cpu) == "sdpa"
+    assert resolve_impl("matmul", build_pattern("sparse"), cuda) == "flex"
     with pytest.raises(ConfigError, match="valid: " + ", ".join(ATTN_IMPLS)):
         resolve_impl("fast", build_pattern("full"), cpu)
 

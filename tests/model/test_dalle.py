@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dalle_dist.model.attention import resolve_impl
 from dalle_dist.model.config import DALLEConfig
 from dalle_dist.model.dalle import DALLE
 
@@ -24,14 +25,15 @@ TINY = DALLEConfig(num_text_tokens=50, text_seq_len=8, num_image_tokens=16, imag
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _model(config: DALLEConfig = TINY, seed: int = 0, weight_std: float | None = None) -> DALLE:
+def _model(config: DALLEConfig = TINY, seed: int = 0, weight_std: float | None = None,
+           attn_impl: str = "auto") -> DALLE:
     """A float64 DALLE with deterministic weights.
 
     weight_std re-initialises every parameter with that spread: the default init (std 0.02)
     gives almost uniform logits, which would make some checks pass by accident.
     """
     torch.manual_seed(seed)
-    model = DALLE(config).double()
+    model = DALLE(config, attn_impl).double()
     if weight_std is not None:
         with torch.no_grad():
             for p in model.parameters():
@@ -184,7 +186,8 @@ def test_last_image_token_does_not_change_loss_inputs() -> None:
 def test_cached_sampling_equals_uncached(filter_thres: float, temperature: float,
                                          attn_types: tuple[str, ...]) -> None:
     """For every pattern: the uncached reference re-runs the whole sequence through the
-    pattern's training path (gather on CPU), the cache decodes one masked row at a time."""
+    pattern's training path (auto's on CPU; test_band_paths_sample_as_the_cache does the
+    band paths), the cache decodes one masked row at a time."""
     config = dataclasses.replace(TINY, attn_types=attn_types, depth=len(attn_types) + 1,
                                  sparse_random_blocks=1)
     model = _model(config, weight_std=0.3)
@@ -206,6 +209,45 @@ def test_cached_sampling_equals_uncached(filter_thres: float, temperature: float
         assert not torch.equal(samples[0], samples[1])
     else:
         assert torch.equal(samples[0], samples[1])
+
+
+@pytest.mark.parametrize("attn_impl", ["matmul", "gather"])
+def test_band_paths_sample_as_the_cache(attn_impl: str) -> None:
+    """The band patterns' CPU paths (auto takes `matmul` from 12 x 12 cells, beyond TINY's
+    grid) as the uncached reference: every length of the sequence, padded to the grid,
+    must give the cache's tokens. Bug caught: a band path reading the grid's padding."""
+    config = dataclasses.replace(TINY, attn_types=("axial_row", "axial_col", "conv_like"),
+                                 depth=3)
+    model = _model(config, weight_std=0.3, attn_impl=attn_impl)
+    text, _ = _batch(batch=2, seed=4)
+    cached = model.sample_image_tokens(text, 0.0, 1.0, torch.Generator().manual_seed(0))
+    plain = model.sample_image_tokens(text, 0.0, 1.0, torch.Generator().manual_seed(0),
+                                      use_cache=False)
+    assert torch.equal(cached, plain)
+
+
+def test_band_matmuls_train_as_the_fused_gather_did() -> None:
+    """The numerics auto changed on CPU (the band patterns moved from band_gather's SDPA to
+    band_scores' matmuls at 12 x 12 and 16 x 16 cells): in fp32, at a grid auto sends
+    to `matmul`, the loss and every gradient agree with the gather's within fp32 rounding.
+    Bug caught: a band path that differs from the one it replaced (a lost scale, a
+    misplaced band), at the model level and in single precision."""
+    config = dataclasses.replace(TINY, attn_types=("axial_row", "axial_col", "conv_like"),
+                                 depth=3, image_fmap_size=16)
+    g = torch.Generator().manual_seed(5)
+    text = torch.randint(1, config.num_text_tokens, (2, config.text_seq_len), generator=g)
+    image = torch.randint(0, config.num_image_tokens, (2, config.image_seq_len), generator=g)
+    runs = {}
+    for impl in ("gather", "auto"):
+        model = _model(config, weight_std=0.5, attn_impl=impl).float()
+        paths = {resolve_impl(impl, block.attn.pattern, torch.device("cpu"), model.layout)
+                 for block in model.transformer.blocks}
+        assert paths == {"gather" if impl == "gather" else "matmul"}
+        loss = model(text, image)["loss"]
+        runs[impl] = (loss, torch.autograd.grad(loss, list(model.parameters())))
+    torch.testing.assert_close(runs["auto"][0], runs["gather"][0], rtol=1e-6, atol=0)
+    for got, expected in zip(runs["auto"][1], runs["gather"][1], strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
 
 
 def test_sampling_keeps_training_flag() -> None:

@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dalle_dist.errors import ConfigError
 from dalle_dist.model import attention_paths as paths
 from dalle_dist.model.kernels import (
+    BAND_MATMULS,
     DENSE_BIAS,
     FLASH,
     FLEX,
@@ -63,12 +64,15 @@ def test_cuda_kernels_per_pattern_dropout_and_dtype() -> None:
 
 class SdpaOps(TorchDispatchMode):
     """(fused, mask shape) of each SDPA a forward runs on CPU: fused is its flash kernel;
-    the math path decomposes into plain ops and leaves no SDPA op behind."""
+    the math path decomposes into plain ops and leaves no SDPA op behind. `softmaxes`: the
+    width of each softmax run outside SDPA (n for the math path and the dense reference,
+    text + band keys for the band matmuls)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple[bool, tuple[int, ...] | None]] = []
-        self.math = 0
+        self.softmaxes: list[int] = []
+        self.masked_in_place = 0  # the band matmuls hide keys in place; SDPA's math adds a bias
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -77,7 +81,9 @@ class SdpaOps(TorchDispatchMode):
             mask = kwargs.get("attn_mask")
             self.calls.append((True, None if mask is None else tuple(mask.shape)))
         elif name in ("_softmax", "_safe_softmax"):
-            self.math += 1
+            self.softmaxes.append(args[0].shape[-1])
+        elif name == "masked_fill_":
+            self.masked_in_place += 1
         return func(*args, **kwargs)
 
 
@@ -94,7 +100,9 @@ def observed(name: str, dropout: float, impl: str = "auto") -> str:
     probe = SdpaOps()
     with probe, torch.no_grad():
         layer(x, layout)
-    if probe.math or not probe.calls:
+    if probe.masked_in_place and max(probe.softmaxes) < n:
+        return BAND_MATMULS  # scores over a band of keys, never a row of all n
+    if probe.softmaxes or not probe.calls:
         return MATH
     return DENSE_BIAS if any(m is not None and m[-2:] == (n, n) for _, m in probe.calls) else FLASH
 
@@ -104,7 +112,7 @@ def test_cpu_kernels_are_the_ones_that_run(dropout: float) -> None:
     """Bug caught: a name that is not what runs (a 5-D gather falling to the math path
     while named flash, a dense mask named flash)."""
     for name in PATTERNS:
-        for impl in ("auto", "sdpa", "gather"):
+        for impl in ("auto", "sdpa", "gather", "matmul"):
             expected = kernel(name, dropout, FP32, None, impl, SMALL, 4)
             assert observed(name, dropout, impl) == expected, (name, impl, dropout)
 

@@ -18,7 +18,12 @@ from torch.overrides import TorchFunctionMode
 
 from dalle_dist.model import SequenceLayout
 from dalle_dist.model.decoding import StaticDecoder
-from dalle_dist.model.rotary import apply_rotary, rotary_angles, rotated_features
+from dalle_dist.model.rotary import (
+    apply_rotary,
+    rotary_angles,
+    rotated_features,
+    rotation_tables,
+)
 from dalle_dist.model.shift import shift_sequence
 from tests.model.test_sampling import SMALL, _captions, assert_cached_sampling_is_uncached
 from tests.model.test_sampling import _small_model as _model
@@ -140,8 +145,7 @@ def test_rotation_keeps_norms_and_passes_the_rest() -> None:
     layout = SequenceLayout(text_len=4, fmap_size=2)
     angles = rotary_angles(layout, 16)  # 12 rotated features, 4 passed
     t = torch.randn(1, 1, 8, 16, dtype=torch.float64)
-    rotation = (angles.cos().double(), angles.sin().double())
-    out = apply_rotary(t, rotation)
+    out = apply_rotary(t, tuple(x.double() for x in rotation_tables(angles, 16)))
     torch.testing.assert_close(out.norm(dim=-1), t.norm(dim=-1))
     assert torch.equal(out[..., 12:], t[..., 12:])
     a = angles[2, 0].double()

@@ -2,22 +2,24 @@
 and a KV cache for sampling.
 
 The path is chosen per device and sequence, and can be overridden with --attn_impl.
-"auto" takes the fastest correct one as bench/attention.py measured it on the CPU
-machine (forward + backward of one layer; the figures: docs/benchmarks.md, "Attention"):
+"auto" takes the fastest correct one as bench/attention.py and bench/attention_paths.py
+measured it on the CPU machine (forward + backward of one layer; the figures:
+docs/benchmarks.md, "Attention"):
   full               SDPA's causal kernel everywhere
-  axial_row/col      the band gather on CPU: each query scores only its grid line, which
-                     was faster than the full kernel at every size measured
-  conv_like          the band gather on CPU from 24 x 24 cells up; below that SDPA with
-                     the mask (the gather's set-up costs more there)
+  axial_row/col      on CPU the band's scores as plain matmuls (`matmul`: each query
+                     scores the text and its grid line, one masked softmax) from 12 x 12
+                     cells up; below that SDPA with the mask
+  conv_like          on CPU `matmul` from 16 x 16 cells up (its band: the window's lines);
+                     below that SDPA with the mask (the band's set-up costs more there)
   sparse             SDPA with the mask on CPU: the block gather copies its key blocks and
                      loses to it at every density measured
   on CUDA, every pattern but full goes to FlexAttention (block masks skip empty tiles),
                      except while training with --attn_dropout > 0: FlexAttention has no
-                     dropout, so such layers take the CPU choice above (which applies it).
-                     It runs fused there too: the axial gather on flash (16-bit),
-                     conv_like's on the memory-efficient kernel, sparse and small-grid
-                     conv_like on it with the n x n mask as a bias (their gathers would
-                     copy several times K and V; docs/design.md, "Attention patterns").
+                     dropout, so such layers take a path that applies it, fused: the axial
+                     gather on flash (16-bit), conv_like's on the memory-efficient kernel
+                     from 24 x 24 cells (below, and for sparse, that kernel with the n x n
+                     mask as a bias: their gathers would copy several times K and V;
+                     docs/design.md, "Attention patterns").
 The kernel each pattern reaches: model/kernels.py (what `plan` and `check` print).
 """
 
@@ -44,7 +46,7 @@ from dalle_dist.model.rotary import Rotation, apply_rotary
 if TYPE_CHECKING:
     from dalle_dist.model.shift import ShiftRows
 
-ATTN_IMPLS: tuple[str, ...] = ("auto", "gather", "sdpa", "flex", "dense")
+ATTN_IMPLS: tuple[str, ...] = ("auto", "matmul", "gather", "sdpa", "flex", "dense")
 
 
 def has_gather_path(pattern: AttentionPattern) -> bool:
@@ -52,8 +54,19 @@ def has_gather_path(pattern: AttentionPattern) -> bool:
                                 SparsePattern))
 
 
-#: conv_like's band gather beats the masked SDPA kernel on CPU from this grid side up.
+def has_band(pattern: AttentionPattern) -> bool:
+    """Patterns whose image queries see only a band of grid lines (and the text): the
+    `matmul` path's, and band_gather's."""
+    return isinstance(pattern, (AxialRowPattern, AxialColPattern, ConvLikePattern))
+
+
+#: On CUDA with dropout, conv_like's band gather beats the masked SDPA kernel from this
+#: grid side up.
 CONV_GATHER_MIN_SIDE = 24
+#: On CPU, the `matmul` path beats SDPA with the n x n mask from these grid sides up
+#: (bench/attention_paths.py): an axial band from 12 x 12, conv_like's wider one from 16 x 16.
+AXIAL_MATMUL_MIN_SIDE = 12
+CONV_MATMUL_MIN_SIDE = 16
 
 
 def resolve_impl(impl: str, pattern: AttentionPattern, device: torch.device,
@@ -74,14 +87,18 @@ def resolve_impl(impl: str, pattern: AttentionPattern, device: torch.device,
             return "flex"
         if isinstance(pattern, SparsePattern):
             return "sdpa"
-        if isinstance(pattern, ConvLikePattern):
-            side = layout.fmap_size if layout is not None else 0
-            return "gather" if side >= CONV_GATHER_MIN_SIDE else "sdpa"
-        return "gather"
+        side = layout.fmap_size if layout is not None else 0
+        conv = isinstance(pattern, ConvLikePattern)
+        if device.type == "cuda":  # with dropout: a fused kernel that applies it
+            return "gather" if not conv or side >= CONV_GATHER_MIN_SIDE else "sdpa"
+        min_side = CONV_MATMUL_MIN_SIDE if conv else AXIAL_MATMUL_MIN_SIDE
+        return "matmul" if side >= min_side else "sdpa"
     if impl == "flex" and dropout:
         raise paths.flex_dropout_error()
     if impl == "gather" and not has_gather_path(pattern):
         return "sdpa"  # full attention has no sparsity to gather: its causal kernel is it
+    if impl == "matmul" and not has_band(pattern):
+        return resolve_impl("auto", pattern, device, layout, dropout)  # full, sparse
     return impl
 
 
@@ -141,6 +158,8 @@ class Attention(nn.Module):
         self.to_out = nn.Linear(inner, dim)
         self._masks: dict[tuple[SequenceLayout, str], Tensor] = {}
         self._block_indices: dict[tuple[SequenceLayout, str], paths.BlockIndex] = {}
+        self._band_masks: dict[tuple[SequenceLayout, str], Tensor] = {}
+        self._causal_biases: dict[SequenceLayout, Tensor] = {}
 
     def _mask(self, layout: SequenceLayout, device: torch.device) -> Tensor:
         """The pattern's mask over the longest sequence, built once per layout and device."""
@@ -158,6 +177,32 @@ class Attention(nn.Module):
             self._block_indices[key] = paths.block_index(pattern, layout, device)
         return self._block_indices[key]
 
+    def _band_hidden(self, layout: SequenceLayout, device: torch.device) -> Tensor:
+        """The keys the `matmul` path hides: the negation of band_mask's [line, place,
+        text + band keys] rule, built once per layout and device. Built for the longest
+        sequence, it serves every length: an image query always sees the text, so no row
+        is all hidden, and a real query sees only keys before it, never grid padding."""
+        key = (layout, str(device))
+        if key not in self._band_masks:
+            self._band_masks[key] = ~paths.band_mask(
+                self.pattern, layout, layout.seq_len, self._rows_back(),
+                isinstance(self.pattern, AxialColPattern), device)
+        return self._band_masks[key]
+
+    def _lower_right(self, layout: SequenceLayout) -> Tensor:
+        """The axial band gather's lower-right CausalBias (it holds no data, only shapes),
+        kept per layout: train --compile's block graphs read it here, since dynamo can
+        neither build one nor call the cached builder inside a graph (the block's eager
+        warm-up call fills this cache first)."""
+        if layout not in self._causal_biases:
+            s = layout.fmap_size
+            self._causal_biases[layout] = paths.lower_right_causal(s, layout.text_len + s)
+        return self._causal_biases[layout]
+
+    def _rows_back(self) -> int:
+        """Grid lines before a query's own that its band holds (conv_like's reach)."""
+        return self.pattern.reach if isinstance(self.pattern, ConvLikePattern) else 0
+
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout) -> Tensor:
         """Attention over positions 0..n-1 (no cache), along the chosen path."""
         dropout = self.dropout if self.training else 0.0
@@ -174,12 +219,16 @@ class Attention(nn.Module):
         if impl == "flex":
             return paths.flex(q, k, v, layout, dropout, self.pattern)
         pattern = self.pattern
+        columns = isinstance(pattern, AxialColPattern)
+        if impl == "matmul":
+            return paths.band_scores(q, k, v, layout, dropout, self._rows_back(),
+                                     self._band_hidden(layout, q.device), columns, self.stable)
         if isinstance(pattern, SparsePattern):
             return paths.block_gather(q, k, v, dropout, pattern,
                                       self._block_index(pattern, layout, q.device))
-        rows_back = pattern.reach if isinstance(pattern, ConvLikePattern) else 0
-        return paths.band_gather(q, k, v, layout, dropout, pattern, rows_back,
-                                 columns=isinstance(pattern, AxialColPattern))
+        axial = isinstance(pattern, (AxialRowPattern, AxialColPattern))
+        return paths.band_gather(q, k, v, layout, dropout, pattern, self._rows_back(),
+                                 columns, self._lower_right(layout) if axial else None)
 
     def new_cache(self, batch: int, layout: SequenceLayout, device: torch.device,
                   dtype: torch.dtype) -> LayerKVCache:
@@ -195,13 +244,12 @@ class Attention(nn.Module):
         b, n, _ = x.shape
         qkv = self.to_qkv(x).view(b, n, 3, self.heads, self.dim_head)
         if rotation is not None:
-            # Rotated token-major ([b, n, heads, dh], the tables broadcast over heads): SDPA
-            # then writes its output token-major too, and to_out's reshape stays a view.
-            # Cast once per layer (not per q and k): the fp32 tables, in q's dtype.
-            cos, sin = (t.to(qkv.dtype)[:, None] for t in rotation)
-            heads = (cos, sin)
-            q = apply_rotary(qkv[:, :, 0], heads).transpose(1, 2)
-            k = apply_rotary(qkv[:, :, 1], heads).transpose(1, 2)
+            # q and k rotated together, token-major ([b, n, 2, heads, dh], the tables
+            # broadcast over both and the heads): SDPA then writes its output token-major
+            # too, and to_out's reshape stays a view. Cast once per layer: the fp32
+            # tables, in q's dtype.
+            cos, sin = (t.to(qkv.dtype)[:, None, None] for t in rotation)
+            q, k = apply_rotary(qkv[:, :, :2], (cos, sin)).permute(2, 0, 3, 1, 4)
             v = qkv[:, :, 2].transpose(1, 2)
         else:
             q, k, v = qkv.permute(2, 0, 3, 1, 4)

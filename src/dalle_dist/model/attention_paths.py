@@ -5,6 +5,9 @@ same shape; all must equal `dense_reference` (tests check outputs and gradients)
 
   dense_reference  einsum + masked softmax: the reference, and DALLE-pytorch's method
   sdpa             torch's scaled_dot_product_attention with the pattern's boolean mask
+  band_scores      the band patterns' scores as plain matmuls: each image query scores
+                   the text and its band of lines, under one masked softmax (the
+                   `matmul` impl; axial_row, axial_col, conv_like)
   band_gather      grid lines as heads: each image query scores the text plus its line
                    and the lines just before it (axial_row, axial_col, conv_like)
   block_gather     each 16-token query block scores only the key blocks the layout allows
@@ -76,7 +79,8 @@ def _image_grid(t: Tensor, layout: SequenceLayout) -> Tensor:
 
 
 def band_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout: float,
-                pattern: AttentionPattern, rows_back: int, columns: bool = False) -> Tensor:
+                pattern: AttentionPattern, rows_back: int, columns: bool = False,
+                causal: Tensor | None = None) -> Tensor:
     """axial_row (rows_back 0), axial_col (columns=True) and conv_like (rows_back = its
     reach): each grid line's queries attend the text plus that line and the `rows_back`
     lines before it.
@@ -86,7 +90,9 @@ def band_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout
     line's rule is "all the text, and the line's cells up to the query's": causal aligned
     to the band's last key, which SDPA takes as a CausalBias with no mask (flash on CUDA
     in 16 bits). conv_like's rule masks the band down to the window: a boolean
-    [lines, place, band keys] mask (memory-efficient kernel on CUDA), never n x n."""
+    [lines, place, band keys] mask (memory-efficient kernel on CUDA), never n x n.
+    `causal`: the axial band's CausalBias as the layer keeps it (Attention's cache,
+    filled eagerly: torch.compile cannot build one inside a graph); None builds it."""
     n, text, s = q.shape[2], layout.text_len, layout.fmap_size
     out_text = _text_part(q, k, v, text, dropout)
     if n <= text:
@@ -108,7 +114,8 @@ def band_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout
     keys, values = banded(kg, k), banded(vg, v)
     queries = qg.reshape(b, h * s, s, dh)
     if rows_back == 0 and isinstance(pattern, (AxialRowPattern, AxialColPattern)):
-        mask = lower_right_causal(s, text + s)
+        # `causal`: the layer's lower_right_causal, fetched outside any traced call
+        mask = causal if causal is not None else lower_right_causal(s, text + s)
     else:
         mask = band_mask(pattern, layout, n, rows_back, columns, q.device)
         mask = mask.expand(h, *mask.shape).reshape(1, h * s, s, text + band * s)
@@ -117,6 +124,68 @@ def band_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout
     if columns:
         out = out.transpose(2, 3)
     out_image = out.reshape(b, h, s * s, dh)[:, :, : n - text]
+    return torch.cat((out_text, out_image), dim=2)
+
+
+def band_scores(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout: float,
+                rows_back: int, hidden: Tensor, columns: bool = False,
+                stable: bool = False) -> Tensor:
+    """The band patterns (band_gather's) with the scores written out: each image query's
+    scores against the text and against its band of lines, side by side, under one
+    masked softmax, then multiplied back with the text's and the band's values.
+
+    This is DALLE-pytorch's method (einsums and a masked softmax) without its copies: the
+    text keys are read in place by one matmul for all the grid's queries, not copied
+    beside every line's keys as band_gather's concatenation does, and an axial line's keys
+    are the grid itself (conv_like's band of lines is one copy). On the CPU its matmuls
+    beat SDPA's flash kernel at these key counts (a line's text + band keys are tens,
+    not thousands: the kernel's blocking and its backward's recomputation cost more than
+    the probabilities it avoids saving); bench/attention_paths.py measures it.
+    `hidden`: the keys band_mask's [line, place, text + band keys] rule hides (its
+    negation), built once per layout."""
+    n, text, s = q.shape[2], layout.text_len, layout.fmap_size
+    out_text = _text_part(q, k, v, text, dropout)
+    if n <= text:
+        return out_text
+    b, h, _, dh = q.shape
+    band = rows_back + 1
+    # The image positions padded to the whole grid, row-major [b, h, s * s, d].
+    q_img, k_img, v_img = (F.pad(t[:, :, text:], (0, 0, 0, s * s - (n - text)))
+                           for t in (q, k, v))
+    # Scaled here, in place (F.pad's backward needs no output): d values a query, not
+    # text + band x s scores.
+    q_img = q_img.mul_(1 / math.sqrt(dh))
+
+    def lines(t: Tensor) -> Tensor:  # [b, h, line, place, d]: rows, or columns
+        g = t.view(b, h, s, s, dh)
+        return g.transpose(2, 3) if columns else g
+
+    def banded(t: Tensor) -> Tensor:  # [b, h, line, band x place, d]: lines line-rows_back..line
+        if rows_back == 0:
+            return lines(t)
+        padded = F.pad(lines(t), (0, 0, 0, 0, rows_back, 0))
+        # One slice per line offset (unfold's backward costs 1.7x these slices' on CPU).
+        return torch.cat([padded[:, :, i:i + s] for i in range(band)], dim=3)
+
+    # The text's keys and values, contiguous: batched matmuls copy a strided operand
+    # anyway (qkv's batch and head strides do not merge), so one copy, made here, serves
+    # both uses and autograd saves it alike at every batch size.
+    k_text, v_text = k[:, :, :text].contiguous(), v[:, :, :text].contiguous()
+    to_text = torch.matmul(q_img, k_text.transpose(2, 3)).view(b, h, s, s, text)
+    if columns:
+        to_text = to_text.transpose(2, 3)
+    to_band = torch.matmul(lines(q_img), banded(k_img).transpose(3, 4))
+    scores = torch.cat((to_text, to_band), dim=4)
+    scores = scores.masked_fill_(hidden, torch.finfo(scores.dtype).min)
+    attn = F.dropout(softmax(scores, stable), dropout)
+    attn_text, attn_band = attn.split((text, band * s), dim=4)
+    if columns:
+        attn_text = attn_text.transpose(2, 3)
+    from_text = torch.matmul(attn_text.reshape(b, h, s * s, text), v_text)
+    from_band = torch.matmul(attn_band, banded(v_img))  # [b, h, line, place, d]
+    if columns:
+        from_band = from_band.transpose(2, 3)
+    out_image = (from_text + from_band.reshape(b, h, s * s, dh))[:, :, : n - text]
     return torch.cat((out_text, out_image), dim=2)
 
 

@@ -13,6 +13,9 @@ then the kernel that path reaches on the device, for `plan` and `check` to print
   masked SDPA (dense bias)  a fused SDPA kernel (memory-efficient on CUDA, flash on CPU)
                             reading the pattern's n x n mask as a bias: every tile is
                             computed, the mask only zeroes it
+  band matmuls              the matmul path: a band pattern's scores (text + its band of
+                            grid lines per query) as plain matmuls and one masked softmax;
+                            saves those probabilities, never n x n ones
   math                      no fused kernel: the dense reference, SDPA's math path
                             (CUDA fp64 or an older GPU; on CPU with dropout), which
                             materialises the n x n scores
@@ -41,8 +44,9 @@ FLASH = "flash (SDPA)"
 FLEX = "FlexAttention"
 MEMORY_EFFICIENT = "memory-efficient SDPA"
 DENSE_BIAS = "masked SDPA (dense bias)"
+BAND_MATMULS = "band matmuls"
 MATH = "math"
-KERNELS: tuple[str, ...] = (FLASH, FLEX, MEMORY_EFFICIENT, DENSE_BIAS, MATH)
+KERNELS: tuple[str, ...] = (FLASH, FLEX, MEMORY_EFFICIENT, DENSE_BIAS, BAND_MATMULS, MATH)
 
 #: Capability (major, minor) SDPA's CUDA flash kernel needs; bf16 needs it too.
 FLASH_CAPABILITY = (8, 0)
@@ -81,6 +85,8 @@ def attention_kernel(pattern: AttentionPattern, layout: SequenceLayout, attn_imp
         return path, FLEX
     if path == "dense":
         return path, MATH
+    if path == "matmul":
+        return path, BAND_MATMULS
     if path == "sdpa":
         masked = not pattern.causal_only
     else:  # gather: an axial band is causal from its last key, the others carry a mask

@@ -20,7 +20,6 @@ from dalle_dist.model.attention import resolve_impl
 from dalle_dist.model.config import DALLEConfig, VAEConfig
 from dalle_dist.model.kernels import FLASH_CAPABILITY, MEMORY_EFFICIENT, sdpa_kernel
 from dalle_dist.model.patterns import SequenceLayout, SparsePattern, build_pattern
-from dalle_dist.model.rotary import rotated_features
 from dalle_dist.plan.parameters import meta_dalle
 
 SPARSE_BLOCK, SPARSE_LOCAL_BLOCKS = SparsePattern.BLOCK, SparsePattern.LOCAL_WINDOW_BLOCKS
@@ -87,7 +86,7 @@ def layer_activation_bytes(c: DALLEConfig, path: str, pattern: str, t: Dtypes,
       autocast, which casts it once per Linear), value, gate, gelu(gate) and their product
       (4 c f), two LayerNorms' mean and rstd (16), the fused kernel's logsumexp (4 x heads).
     --rotary_emb: the rotated q and k beside qkv's output (2 c i), and in a 16-bit compute
-    dtype the rotation tables cast to it (2 x n x rotated features, per layer); measured
+    dtype the rotation tables cast to it (2 x n x dim_head, per layer); measured
     on the sdpa and band gather paths (`dense`, the reference, saves less with it; so does
     sparse's gather, see _gather_bytes).
     --shift_tokens saves nothing more: the shifted input replaces the norm's output.
@@ -115,12 +114,15 @@ def layer_activation_bytes(c: DALLEConfig, path: str, pattern: str, t: Dtypes,
     elif path == "gather":
         extra, per_layer = _gather_bytes(c, pattern, k, device)
         per_sample += extra
+    elif path == "matmul":
+        extra, per_layer = _band_matmul_bytes(c, pattern, k)
+        per_sample += extra
     else:
         raise ConfigError(f"unknown attention path {path!r}")
     if c.rotary_emb:
         per_sample += 2 * k * i * n
         if k != 4:
-            per_layer += 2 * n * rotated_features(dh) * k
+            per_layer += 2 * n * dh * k
     return per_sample, per_layer
 
 
@@ -176,6 +178,32 @@ def _gather_bytes(c: DALLEConfig, pattern: str, k: int, device: str) -> tuple[in
     else:
         per_layer = s * keys * k if device == "cpu" else 0
     return per_sample, per_layer
+
+
+def _band_matmul_bytes(c: DALLEConfig, pattern: str, k: int) -> tuple[int, int]:
+    """(bytes per sample, bytes per layer) the `matmul` path (band_scores) adds to the
+    block's common tensors, k = compute bytes; s = grid side, T = text + 1, K = T + band x s
+    keys per image query.
+
+    The causal text part's SDPA output and logsumexp, as in the band gather; the grid's
+    padded queries, keys and values (s x s each: the band matmuls read them in place),
+    or for conv_like its unfolded band of keys and of values (band x s x s each) instead
+    of the grid's; the text's keys and values, which the matmuls copy out of qkv; the
+    probabilities (s x s x K); axial_col's column-major matmul operands are copies of the
+    queries and of the probabilities' text part. Per layer, the boolean rule (s x s x K,
+    one byte each).
+    """
+    h, dh = c.heads, c.dim_head
+    s, text = c.image_fmap_size, c.text_seq_len + 1
+    band, keys = _band_keys(c, pattern)
+    per_sample = h * (k * text * dh + 4 * text)  # the text part: output and logsumexp
+    per_sample += h * k * s * s * dh  # the grid's queries
+    per_sample += 2 * h * k * band * s * s * dh  # the band's keys and values
+    per_sample += 2 * h * k * text * dh  # the text's keys and values
+    per_sample += h * k * s * s * keys  # the probabilities
+    if pattern == "axial_col":
+        per_sample += h * k * s * s * (dh + text)
+    return per_sample, s * s * keys
 
 
 def _seq_len(c: DALLEConfig) -> int:
