@@ -26,6 +26,7 @@ from common import emit, matmul_peak_flops, median, peak_rss_mb, set_threads, ti
 
 from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
 from dalle_dist.selftest.mfu import training_flops_per_step
+from dalle_dist.train.compile import compile_blocks
 from dalle_dist.train.optim import make_adam
 
 #: lucidrains/DALLE-pytorch 1.6.6 on this machine, same config (256 image tokens), per
@@ -71,9 +72,8 @@ def main() -> None:
                       dim=args.dim, depth=args.depth, heads=args.heads, dim_head=args.dim_head,
                       attn_types=tuple(args.attn_types.split(",")))
     model = DALLE(cfg, args.attn_impl)
-    if args.compile:
-        for block in model.transformer.blocks:
-            block.compile()
+    if args.compile:  # as train --compile does (its compile happens in the warm-up)
+        compile_blocks(model.transformer)
     optimizer = make_adam(model.parameters(), lr=3e-4)
     text = torch.randint(1, args.num_text_tokens, (args.batch, args.text_seq_len))
     text[:, args.text_seq_len // 2:] = 0  # half padding, like real captions

@@ -50,7 +50,8 @@ RANK_FILES = frozenset(f"tests/{name}.py" for name in (
     "backends/test_accumulation", "backends/test_equivalence", "backends/test_precision",
     "backends/test_cross_resume", "backends/test_sharing", "backends/test_clipping",
     "backends/test_host_syncs", "backends/test_errors", "backends/test_fp16_agreement",
-    "backends/test_node_local_files", "backends/test_multinode", "test_selftest",
+    "backends/test_node_local_files", "backends/test_multinode", "backends/test_compile",
+    "test_selftest",
 ))
 #: The longest of them, and those that time a wait (a hung peer, a run stopped after step
 #: k): under pytest-xdist (`make test`) one worker runs them first and in this order, so

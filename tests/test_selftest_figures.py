@@ -51,6 +51,43 @@ def test_tiny_training_figure(tiny_checks: dict) -> None:
     assert d["anchor"] == figures.ANCHOR and "LlamaGen-B" in check.summary
 
 
+def test_tiny_compile_figure(tiny_checks: dict) -> None:
+    """The same run with its blocks compiled (aot_eager on the CPU), in the same rank
+    process: one graph for the one block, a compile time, a speed-up against the eager
+    run's own step time."""
+    check = tiny_checks["compile"]
+    assert check.status == "PASS", check.summary
+    d = check.details
+    assert d["compile"]["backend"] == "aot_eager" and d["compile"]["graphs"] == 1
+    assert d["compile"]["blocks"] == TINY["depth"] and d["compile_s"] > 0
+    eager_s = tiny_checks["train"].details["run"]["step_s"]
+    assert d["eager_step_s"] == eager_s
+    assert d["speedup"] == pytest.approx(eager_s / d["compiled_step_s"], rel=1e-3)
+    assert "train --compile (aot_eager, 1 graph(s) for 1 blocks)" in check.summary
+
+
+@pytest.mark.parametrize(("compiled", "status", "fragment"), [
+    ({"step_s": 0.5, "compile": {"backend": "inductor", "blocks": 10, "graphs": 1,
+                                 "seconds": 30.0}}, "PASS", "pays for its compile after 60 steps"),
+    ({"step_s": 1.5, "compile": {"backend": "inductor", "blocks": 10, "graphs": 1,
+                                 "seconds": 30.0}}, "PASS", "never pays for its compile here"),
+    ({"step_s": 0.5, "compile": {"backend": "inductor", "blocks": 10, "graphs": 0,
+                                 "seconds": None}}, "FAIL", "nothing compiled"),
+    ({"step_s": 0.5, "logged_losses": [5.0, math.nan]}, "FAIL", "loss not finite"),
+    ({"ok": False, "error": "torch._dynamo.exc.Unsupported: graph break"}, "FAIL",
+     "graph break"),
+], ids=["faster", "slower", "nothing-compiled", "nan", "crash"])
+def test_compile_figure_from_numbers(compiled: dict, status: str, fragment: str) -> None:
+    """The verdict and its arithmetic from a GPU run's numbers: 1 s eager steps, 0.5 s
+    compiled ones and a 30 s compile pay off after 30 / 0.5 = 60 steps."""
+    eager = {"ok": True, "step_s": 1.0, "logged_losses": [9.0, 8.0]}
+    outcome = figures.compile_figure(eager, {"ok": True, "logged_losses": [9.0, 8.0],
+                                             **compiled})
+    assert outcome[0] == status and fragment in outcome[1], outcome
+    if fragment.startswith("pays"):
+        assert outcome[2]["speedup"] == 2.0 and outcome[2]["pays_off_after_steps"] == 60
+
+
 def test_tiny_sampling_figure(tiny_checks: dict) -> None:
     check = tiny_checks["sampling"]
     assert check.status == "PASS", check.summary
@@ -62,6 +99,7 @@ def test_without_cuda_the_figures_are_not_run(tmp_path: Path) -> None:
     checks = run_section(tmp_path, model=None)
     assert [(c.name, c.status, c.cuda_only) for c in checks.values()] == [
         ("figures train 108M bf16", NO_CUDA, True),
+        ("figures compile 108M bf16", NO_CUDA, True),
         ("figures sampling 108M bf16", NO_CUDA, True)]
 
 
@@ -73,7 +111,8 @@ def test_a_nan_loss_or_a_crash_fails(broken: dict, tiny_checks: dict, tmp_path: 
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny run's own result, with its loss made NaN or its run crashed."""
     result = {**tiny_checks["train"].details["run"], **broken}
-    monkeypatch.setattr(figures, "run_specs", lambda *args, **kwargs: [dict(result)])
+    monkeypatch.setattr(figures, "run_specs",
+                        lambda backend, specs, *args, **kwargs: [dict(result) for _ in specs])
     check = run_section(tmp_path)["train"]
     assert check.status == "FAIL"
     assert ("nan" in check.summary) if "logged_losses" in broken else ("illegal" in check.summary)

@@ -29,6 +29,19 @@ COMMON = [*TINY_DALLE_FLAGS, "--epochs", "1", "--shapes_count", str(STEPS * BATC
 #: fp32 on 2 ranks against one process (observed: weights < 1e-6, grad norms < 1e-6 rel).
 RTOL, ATOL = 1e-4, 1e-5
 
+#: train --compile against eager (tests/train/test_compile.py, tests/backends/test_compile.py):
+#: 20 optimizer steps of the `trained` runs (global batch 16), a sample grid every 10
+TWENTY_STEPS = ("--shapes_count", "320", "--sample_every_n_steps", "10")
+#: the default pattern and a masked one (axial_row: SDPA with its mask on this small grid,
+#: the band paths from 12 x 12 cells), over 2 layers
+COMPILE_PATTERNS = ("--attn_types", "full,axial_row")
+#: fp32: a compiled step's kernels sum in another order than eager ones. Seen over 20
+#: steps, one process and 2 ranks, inductor and aot_eager: losses and gradient norms 2e-7
+#: apart (relative), weights 3.5e-7 (absolute). A block output off by 1e-3 moved the
+#: losses by only 6.5e-6 (the layer norms absorb a scale) but the weights by 2.3e-4:
+#: the weights are what can see a small error (off by 1e-4: weights 1.2e-5 away).
+COMPILE_RTOL, COMPILE_WEIGHT_ATOL = 1e-5, 2e-6
+
 Launcher = Callable[..., "launch.subprocess.CompletedProcess[str]"]
 ROOT = Path(__file__).resolve().parents[2]
 DTYPE_PROBE = "tests.backends.dtype_probe"
@@ -142,3 +155,21 @@ def assert_weights_close(got: dict[str, torch.Tensor], expected: dict[str, torch
         value = got[key].float()
         assert torch.allclose(value, tensor.float(), rtol=rtol, atol=atol), (
             key, (value - tensor.float()).abs().max().item())
+
+
+def assert_compiled_like_eager(run: Run, eager: Run, backend: str, blocks: int,
+                               graphs: int) -> None:
+    """`run` compiled its blocks once (one compile line), and its 20 losses, gradient
+    norms and final weights are `eager`'s within fp32 rounding."""
+    assert len(eager.losses) == 20 and len(run.losses) == 20
+    for step, (got, expected) in enumerate(zip(run.losses, eager.losses, strict=True), 1):
+        assert got == pytest.approx(expected, rel=COMPILE_RTOL), (step, got, expected)
+    for step, norm in eager.grad_norms.items():
+        assert run.grad_norms[step] == pytest.approx(norm, rel=COMPILE_RTOL), step
+    assert_weights_close(run.payload["weights"], eager.payload["weights"], rtol=COMPILE_RTOL,
+                         atol=COMPILE_WEIGHT_ATOL)
+    reports = re.findall(r"compile: \d+ transformer blocks -> .*", run.text)
+    assert len(reports) == 1, reports
+    assert reports[0].startswith(
+        f"compile: {blocks} transformer blocks -> {graphs} graph(s) ({backend}) in "), reports
+    assert "recompile" not in run.text

@@ -306,6 +306,12 @@ class DistributedBackend(ABC):
             if why_not and self.is_root:
                 print(why_not, flush=True)
 
+    def check_compiled_blocks(self) -> None:
+        """train --compile compiles each transformer block's call with fullgraph=True: a
+        backend whose hooks run inside a block (on its layers) refuses it here, after
+        check_config, with a ConfigError. Hooks on the block itself (FSDP2's) or on the
+        parameters' gradients (DDP's, Horovod's, ZeRO 1-2's) run outside the graph."""
+
     def precision(self) -> Precision:
         return Precision(self.precision_name, self.device, self.use_apex)
 

@@ -431,6 +431,16 @@ class DeepSpeedBackend(TorchDistributedBackend):
         super().check_config(batch_size)
         self.config = self.build_config(batch_size, self.settings.clip_grad_norm)
 
+    def check_compiled_blocks(self) -> None:
+        """ZeRO-3 gathers each layer's weights in forward hooks on every submodule, which
+        DeepSpeed marks torch.compiler.disable: a compiled block would break at its first
+        layer (seen with DeepSpeed 0.19)."""
+        if self.config["zero_optimization"].get("stage", 0) == 3:
+            raise ConfigError("--compile cannot run under ZeRO stage 3: DeepSpeed gathers "
+                              "each layer's weights in hooks that torch.compile cannot trace",
+                              "use --zero_stage 0, 1 or 2, or --distributed_backend fsdp, "
+                              "which shards compiled blocks")
+
     def rank_batch_size(self, batch_size: int) -> int:
         return int(self.config["train_micro_batch_size_per_gpu"])
 

@@ -49,7 +49,9 @@ def add_plan(p: argparse.ArgumentParser) -> None:
     add_flags(model, TokenizerConfig,
               help={"bpe_path": "tokenizer file (as `train`): its vocabulary replaces "
                                 "--num_text_tokens"})
-    add_flags(model, ComputeConfig, exclude=["no_tf32"])  # TF32 changes no memory
+    # TF32 changes no memory; plan sizes the eager step's activations (a compiled block's
+    # graph chooses for itself what it keeps for backward), so --compile is no plan flag
+    add_flags(model, ComputeConfig, exclude=["no_tf32", "compile", "compile_backend"])
     add_flags(p.add_argument_group("VAE and data (as `train-vae`)"), VAEConfig, only=_VAE_SHAPE)
     add_flags(p.add_argument_group("VQGAN image tokenizer (as `train`), instead of a VAE"),
               TamingConfig, help={

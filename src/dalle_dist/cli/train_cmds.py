@@ -146,7 +146,8 @@ def add_train(p: argparse.ArgumentParser) -> None:
     model = p.add_argument_group("model")
     add_flags(model, DALLEConfig)
     # --no_tf32: with the training flags
-    add_flags(model, ComputeConfig, only=["attn_impl", "activation_checkpointing"])
+    add_flags(model, ComputeConfig, only=["attn_impl", "activation_checkpointing", "compile",
+                                          "compile_backend"])
     _add_train_args(p, TrainConfig())
     add_flags(p, TrainConfig, only=["clip_grad_norm"])
     add_flags(p, ProfileConfig)

@@ -184,6 +184,12 @@ def check_shared_ids(depth: int, attn_types: Sequence[str],
                 "share attention only between layers of the same pattern")
 
 
+#: train --compile_backend: inductor (fused kernels; the default) or aot_eager (forward and
+#: backward traced as for inductor, torch's own kernels run: tells a compiler bug from a
+#: tracing one). The first is the default.
+COMPILE_BACKENDS: tuple[str, ...] = ("inductor", "aot_eager")
+
+
 @dataclass(frozen=True)
 class ComputeConfig(DictConfig):
     """How the model computes, not what it is: free to change when a run resumes."""
@@ -199,3 +205,15 @@ class ComputeConfig(DictConfig):
         "keeping them (torch.utils.checkpoint, non-reentrant): less memory, about a third "
         "more compute. --reversible is DALLE-pytorch's spelling; it maps to this",
         aliases=("--reversible",))
+    compile: bool = option(
+        False, "torch.compile each transformer block's training step (fullgraph, one graph "
+        "per kind of block, compiled in the second step; the first step, sampling and "
+        "validation stay eager). Every backend but ZeRO-3; the log gives the compile time")
+    compile_backend: str | None = option(
+        None, "the torch.compile backend of --compile", choices=COMPILE_BACKENDS,
+        default_text=f"default: {COMPILE_BACKENDS[0]}")
+
+    def validate(self) -> None:
+        if self.compile_backend is not None and not self.compile:
+            raise ConfigError(f"--compile_backend {self.compile_backend} without --compile",
+                              "add --compile, or drop --compile_backend")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -46,17 +46,56 @@ class Block(nn.Module):
         self.ff = FeedForward(dim, ff_mult, ff_dropout)
         #: --activation_checkpointing: recompute this block in backward (set_checkpointing)
         self.checkpointing = False
+        #: train --compile: train_step compiled (compile_training); None: eager
+        self.compiled: Callable[..., Tensor] | None = None
+        #: False: training calls run eager for now (Transformer.use_compiled)
+        self.use_compiled = True
+        self._warm = False  # the attention's caches are built (_warm_up)
+
+    def compile_training(self, compile_fn: Callable[[Callable[..., Tensor]],
+                                                    Callable[..., Tensor]]) -> None:
+        """Training calls run `compile_fn(self.train_step)` (e.g. torch.compile); sampling
+        (a cache) and gradient-free calls (validation) stay eager, so they never cost a
+        recompile. Hooks on the block (FSDP2's gathers) and on its parameters (DDP's,
+        Horovod's gradient hooks) stay outside the compiled call: the module's own
+        __call__ and autograd run them."""
+        self.compiled = compile_fn(self.train_step)
 
     def forward(self, x: Tensor, layout: SequenceLayout, cache: LayerKVCache | None = None,
                 positions: Tensor | None = None, rotation: Rotation | None = None) -> Tensor:
-        """With checkpointing (training, no cache) only x is kept for backward, which
-        recomputes the block, dropout masks included (the RNG state is restored). The
-        checkpoint sits inside the block's own call, so a block that is an FSDP2 unit has
-        its gather hooks outside the recomputed region (torchtitan's order)."""
-        if self.checkpointing and cache is None and torch.is_grad_enabled():
+        if cache is None and torch.is_grad_enabled():
+            if self.compiled is None or not self.use_compiled:
+                return self.train_step(x, layout, rotation)
+            if not self._warm:
+                self._warm_up(x, layout, rotation)
+            return self.compiled(x, layout, rotation)
+        return self.residual(x, layout, cache, positions, rotation)
+
+    def _warm_up(self, x: Tensor, layout: SequenceLayout, rotation: Rotation | None) -> None:
+        """One eager forward before the first compiled call, without gradients and on a
+        forked RNG (the run's random streams stay those of a run without it). The
+        attention layer builds its masks and block indices on first use and keeps them in
+        dicts: built inside a traced call, each would be a side effect that dynamo replays
+        and then guards on, so the next call would compile the block again (and inside the
+        checkpoint's region dynamo refuses it); a sparse layout's random blocks cannot be
+        traced at all. Built here, the traced call only reads them."""
+        devices = [x.device] if x.device.type == "cuda" else []
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            self.residual(x, layout, None, None, rotation)
+        self._warm = True
+
+    def train_step(self, x: Tensor, layout: SequenceLayout,
+                   rotation: Rotation | None = None) -> Tensor:
+        """A training call (whole sequence, no cache, gradients on): what train --compile
+        compiles. With checkpointing only x is kept for backward, which recomputes the
+        block, dropout masks included (the RNG state is restored); compiled, dynamo traces
+        the checkpoint as one region the backward graph recomputes. The checkpoint sits
+        inside the block's own call, so a block that is an FSDP2 unit has its gather hooks
+        outside the recomputed region (torchtitan's order)."""
+        if self.checkpointing:
             return checkpoint(self.residual, x, layout, None, None, rotation,
                               use_reentrant=False)
-        return self.residual(x, layout, cache, positions, rotation)
+        return self.residual(x, layout, None, None, rotation)
 
     def residual(self, x: Tensor, layout: SequenceLayout, cache: LayerKVCache | None = None,
                  positions: Tensor | None = None, rotation: Rotation | None = None) -> Tensor:
@@ -110,6 +149,20 @@ class Transformer(nn.Module):
         """--activation_checkpointing: every block recomputes its activations in backward."""
         for block in self.blocks:
             block.checkpointing = enabled
+
+    def compile_training(self, compile_fn: Callable[[Callable[..., Tensor]],
+                                                    Callable[..., Tensor]]) -> None:
+        """train --compile: each block's training call compiled on its own
+        (Block.compile_training), as torchtitan compiles per block: blocks alike share
+        one graph, and nothing outside the blocks (embeddings, logits, loss) is traced."""
+        for block in self.blocks:
+            block.compile_training(compile_fn)
+
+    def use_compiled(self, on: bool) -> None:
+        """Whether compiled blocks run their compiled call (the default) or eager, as
+        before compile_training (the training loop's first step: train/compile.py)."""
+        for block in self.blocks:
+            block.use_compiled = on
 
     def shard_groups(self) -> list[list[Block]]:
         """The blocks in sets that no shared module crosses, in layer order: a block that

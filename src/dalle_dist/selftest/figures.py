@@ -1,6 +1,7 @@
 """The figures of `dalle-dist selftest` a GPU user compares with published ones: training
 tokens/s per GPU and MFU, and sampling image tokens/s, for a DALL-E the size of
-LlamaGen-B (about 110M parameters, 256 image tokens) in bf16.
+LlamaGen-B (about 110M parameters, 256 image tokens) in bf16; and what `train --compile`
+gains on that training run (its speed-up, compile time and the steps that pay for it).
 
 They are figures, not thresholds: a check PASSes when its run completes (training with a
 finite loss) and reports its numbers, and FAILs when it crashes or the loss is not finite.
@@ -8,8 +9,10 @@ The published anchor goes into each check's summary and details, so the reader c
 
 Training is `train single bf16`'s run (worker.train_run: the library's own loop, timed
 after a warm-up, MFU against the bf16 matmul peak this selftest measured) at this size,
-in its own rank process as a user starts one; sampling is `generate --precision bf16`'s
-path (the DALL-E cast to bf16, decoding through the static KV cache, eager) in this process.
+in its own rank process as a user starts one, then again with its blocks compiled
+(`train --compile`, inductor) in the same process; sampling is `generate --precision
+bf16`'s path (the DALL-E cast to bf16, decoding through the static KV cache, eager) in this
+process.
 """
 
 from __future__ import annotations
@@ -42,17 +45,25 @@ FIGURES_MODEL = {"dim": 768, "depth": 10, "heads": 12, "dim_head": 64, "text_seq
 #: 6.41 TFLOP, so at 30% of an H100's 990 TFLOP/s bf16 a step takes 22 ms: 60 steps 1.3 s,
 #: 25 (quick) 0.5 s. The section's time is mostly fixed costs: the rank process's start
 #: and CUDA context (~10 s), rendering the shapes, and four eager decodes of 256 tokens
-#: (~1 s each): about 25 s in all, 20 s quick. "cpu": only for a `model` override (tests).
+#: (~1 s each): about 25 s in all, 20 s quick; the full run's compiled copy adds its 60
+#: steps and inductor's compile of one block graph (estimated at 30 s, until a GPU report
+#: gives it). "cpu": only for a `model` override (tests).
 TRAIN_SIZES = {"full": (32, 60, 10, 10), "quick": (32, 25, 5, 10), "cpu": (4, 6, 2, 2)}
 SAMPLING_BATCHES = (1, 8)
-#: The rank process's limit: far above the estimate, for a first start that builds caches.
-TRAIN_TIMEOUT_S = 300.0
+#: The rank process's limit: far above the estimate, for a first start that builds caches;
+#: the compiled run adds its own (inductor compiles the block's forward and backward).
+TRAIN_TIMEOUT_S, COMPILE_TIMEOUT_S = 300.0, 300.0
 #: The published figure to compare with. 140k tokens/s x 6 x 111M FLOPs = 93 TFLOP/s, 30%
 #: of an A100's 312 TFLOP/s datasheet bf16 peak: its tokens are the trained sequence
 #: positions, 256 image tokens behind one class token, each at 6 x parameters FLOPs.
 ANCHOR = {"model": "LlamaGen-B", "parameters": 111e6, "image_tokens": 256, "gpu": "A100",
           "tokens_per_s_per_gpu": 140_000, "mfu": 0.30, "mfu_against": "datasheet peak"}
 ANCHOR_TEXT = "LlamaGen-B (111M, 256 tokens): ~140k tokens/s per A100 at ~30% MFU"
+#: `figures compile`'s torch.compile backend: inductor on CUDA (what train --compile runs);
+#: aot_eager for the CPU's tiny model (tests), whose C++ compile would take longer than
+#: the rest of the section (inductor's CPU numerics: tests/train/test_compile.py). Its
+#: compile happens at step 2, inside the warm-up: the timed steps are compiled ones.
+FIGURE_COMPILERS = {"cuda": "inductor", "cpu": "aot_eager"}
 
 
 def parameter_count(cfg: DALLEConfig) -> int:
@@ -70,28 +81,39 @@ def size_label(parameters: int) -> str:
 
 def figures_section(report: Report, device: torch.device, peaks: dict[str, float],
                     folder: Path, quick: bool, model: dict[str, Any] | None = None) -> None:
-    """`figures train N bf16` and `figures sampling N bf16` (N: the parameter count,
-    rounded): FIGURES_MODEL on CUDA, not run on a CPU unless `model` (a selftest model
-    dict, models.model_configs) overrides it. `peaks`: matmul_peaks' FLOP/s per dtype
-    (the training MFU is held against "bf16"); `folder`: where the rank's spec and result
-    files go."""
+    """`figures train N bf16`, `figures compile N bf16` and `figures sampling N bf16` (N:
+    the parameter count, rounded): FIGURES_MODEL on CUDA, not run on a CPU unless `model`
+    (a selftest model dict, models.model_configs) overrides it; the compiled run is left
+    out of --quick on CUDA (its compile would take most of the quick run's budget).
+    `peaks`: matmul_peaks' FLOP/s per dtype (the training MFU is held against "bf16");
+    `folder`: where the rank's spec and result files go."""
     cuda = device.type == "cuda"
     chosen = FIGURES_MODEL if model is None else model
     dalle_cfg, _ = model_configs(chosen)
     parameters = parameter_count(dalle_cfg)
     label = f"{size_label(parameters)} bf16"
     train_name, sampling_name = f"figures train {label}", f"figures sampling {label}"
+    compile_name = f"figures compile {label}"
     if not cuda and model is None:
-        report.add(Check(train_name, NO_CUDA, cuda_only=True))
-        report.add(Check(sampling_name, NO_CUDA, cuda_only=True))
+        for name in (train_name, compile_name, sampling_name):
+            report.add(Check(name, NO_CUDA, cuda_only=True))
         return
+    compiler = None if quick and cuda else FIGURE_COMPILERS[device.type]
     started = time.perf_counter()
+    runs: list[dict[str, Any]] = []
     try:
-        outcome = train_figure(run_train(device, chosen, peaks, folder, quick), dalle_cfg,
-                               parameters, datasheet_peak(device))
+        runs = run_train(device, chosen, peaks, folder, quick, compiler)
+        outcome = train_figure(runs[0], dalle_cfg, parameters, datasheet_peak(device))
     except Exception as exc:  # the spec itself could not be run
         outcome = ("FAIL", f"{type(exc).__name__}: {exc}", {"anchor": ANCHOR})
     report.add_outcome(train_name, outcome, True, started)
+    if compiler is None:
+        report.add(Check(compile_name, "not run: --quick (train --compile's compile takes "
+                         "most of its budget)", cuda_only=True))
+    else:
+        report.add_outcome(compile_name, compile_figure(runs[0] if runs else {},
+                                                        runs[1] if len(runs) > 1 else {}),
+                           True)
     guarded(report, sampling_name, True, lambda: sampling_figure(chosen, device))
 
 
@@ -102,8 +124,11 @@ def datasheet_peak(device: torch.device) -> float | None:
 
 
 def run_train(device: torch.device, model: dict[str, Any], peaks: dict[str, float],
-              folder: Path, quick: bool) -> dict[str, Any]:
-    """The training run's result (worker.train_run's numbers, or ok False and an error)."""
+              folder: Path, quick: bool, compiler: str | None = None
+              ) -> list[dict[str, Any]]:
+    """The training run's result (worker.train_run's numbers, or ok False and an error),
+    and with `compiler` (a torch.compile backend) the same run's with its blocks
+    compiled, from the same rank process."""
     from dalle_dist.data.loader import default_num_workers
     from dalle_dist.train.config import TrainConfig
 
@@ -117,9 +142,12 @@ def run_train(device: torch.device, model: dict[str, Any], peaks: dict[str, floa
             "warmup": warmup, "log_every": log_every,
             "clip": TrainConfig().clip_grad_norm, "peaks": peaks,
             "workers": default_num_workers(device, 1)}
-    out = run_specs("single", [spec], folder, timeout=TRAIN_TIMEOUT_S)[0]
-    out["loader_workers_asked"] = spec["workers"]  # worker.train_run reads spec["workers"]
-    return out
+    specs = [spec] if compiler is None else [spec, {**spec, "compile": compiler}]
+    outs = run_specs("single", specs, folder,
+                     timeout=TRAIN_TIMEOUT_S + (COMPILE_TIMEOUT_S if compiler else 0))
+    for out in outs:
+        out["loader_workers_asked"] = spec["workers"]  # worker.train_run reads it
+    return outs
 
 
 def train_figure(out: dict[str, Any], cfg: DALLEConfig, parameters: int,
@@ -158,6 +186,40 @@ def train_figure(out: dict[str, Any], cfg: DALLEConfig, parameters: int,
                     f"{image_tokens_per_s / 1e3:.1f}k image tokens/s per GPU "
                     f"({tokens_per_s / 1e3:.1f}k text + image){mfu}; loss {losses[0]:.3f} "
                     f"-> {losses[-1]:.3f}; anchor: {ANCHOR_TEXT}"), details
+
+
+def compile_figure(eager: dict[str, Any], compiled: dict[str, Any]) -> Outcome:
+    """`train --compile`'s figure from the two runs' numbers (same model, batch, data and
+    seed; the compiled one's blocks compiled at step 2, inside the warm-up): the speed-up
+    of the timed steps, the compile time (the compiling step's time less the next one's,
+    train/compile.py) and the steps after which the faster steps have paid for it (none
+    when compiled steps are not faster). FAIL when the compiled run fails, its loss is
+    not finite, or it compiled nothing; a figure, not a threshold, otherwise."""
+    if not compiled.get("ok"):
+        return "FAIL", compiled.get("error", "the compiled run failed")[-500:], {"run": compiled}
+    losses = compiled["logged_losses"]
+    if not losses or not all(math.isfinite(x) for x in losses):
+        return "FAIL", f"loss not finite: {losses}", {"run": compiled}
+    info = compiled.get("compile") or {}
+    if not info.get("graphs") or info.get("seconds") is None:
+        return "FAIL", f"nothing compiled, or its time not measured: {info}", {"run": compiled}
+    if not eager.get("ok"):
+        return "FAIL", "the eager run failed: no speed-up to compare", {"run": compiled}
+    eager_s, compiled_s, seconds = eager["step_s"], compiled["step_s"], info["seconds"]
+    speedup = eager_s / compiled_s
+    gain = eager_s - compiled_s
+    pays_off = math.ceil(seconds / gain) if gain > 0 else None
+    details = {"speedup": round(speedup, 3), "compile_s": round(seconds, 1),
+               "pays_off_after_steps": pays_off, "eager_step_s": eager_s,
+               "compiled_step_s": compiled_s, "eager_mfu": eager.get("mfu"),
+               "compiled_mfu": compiled.get("mfu"), "eager_losses": eager["logged_losses"],
+               "compiled_losses": losses, "compile": info, "run": compiled}
+    after = (f"pays for its compile after {pays_off} steps" if pays_off is not None
+             else "never pays for its compile here")
+    return "PASS", (f"train --compile ({info['backend']}, {info['graphs']} graph(s) for "
+                    f"{info['blocks']} blocks): {speedup:.2f}x the eager step ({eager_s * 1e3:.1f}"
+                    f" -> {compiled_s * 1e3:.1f} ms), compiled in {seconds:.0f} s: {after}"
+                    ), details
 
 
 def sampling_figure(model: dict[str, Any], device: torch.device) -> Outcome:

@@ -198,7 +198,9 @@ def logged_losses(metrics: Path) -> list[float]:
 
 
 def train_run(spec: dict[str, Any]) -> dict[str, Any]:
-    """One backend x precision: `steps` optimizer steps of the loop, timed after `warmup`."""
+    """One backend x precision: `steps` optimizer steps of the loop, timed after `warmup`
+    (spec "compile": the blocks compiled with that torch.compile backend, as train
+    --compile does; they compile at step 2, inside the warm-up)."""
     import tempfile
 
     from dalle_dist.backends.precision import matmul_dtypes
@@ -229,7 +231,8 @@ def train_run(spec: dict[str, Any]) -> dict[str, Any]:
     clock = StepClock(warmup, steps, cuda)
     task = measured_task(DALLETask, clock)(dalle_cfg, vae, tokenizer, train_cfg,
                                            data_cfg.to_dict(), False, device,
-                                           precision=backend.precision())
+                                           precision=backend.precision(),
+                                           compile_backend=spec.get("compile"))
     weights_out = spec.get("weights_out")
     initial = plain_names(task.model.state_dict()) if weights_out else None
     engine = backend.distribute(task.model, task.make_optimizer, task.make_scheduler,
@@ -274,6 +277,8 @@ def train_run(spec: dict[str, Any]) -> dict[str, Any]:
     }
     if weights_out:
         result["weights"] = weights_out
+    if task.compiled is not None:  # train --compile's blocks: graphs and compile time
+        result["compile"] = task.compiled.as_dict()
     flops = training_flops_per_step(dalle_cfg, samples) * timed
     # MFU against the peak of the dtype the matmuls ran in (fp32 runs count TF32's when
     # on), per GPU: the job's FLOPs over `world` devices' peaks

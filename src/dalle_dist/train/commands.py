@@ -46,6 +46,7 @@ from dalle_dist.model import DALLEConfig, VAEConfig
 from dalle_dist.model.attention_paths import flex_dropout_error
 from dalle_dist.model.config import ComputeConfig
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
+from dalle_dist.train.compile import DEFAULT_BACKEND, check_compile
 from dalle_dist.train.config import ResumeConfig, RunPaths, TrackerConfig, TrainConfig
 from dalle_dist.train.cuda_settings import TF32_ON, set_cudnn_benchmark, set_tf32
 from dalle_dist.train.dalle_task import DALLETask
@@ -362,6 +363,8 @@ def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | No
     vae_path, tf32 = job.run.vae_path, not job.compute.no_tf32
     attn_impl = job.compute.attn_impl
     check_attn_impl(attn_impl, backend.device, model_args.get("attn_dropout", 0.0))
+    compile_backend = (job.compute.compile_backend or DEFAULT_BACKEND
+                       if job.compute.compile else None)
     # Before anything is trained or written: a bad tokenizer file must not wait for the
     # built-in VAE's training.
     requested = backend.everywhere("the tokenizer load", lambda: load_tokenizer(tokenizer_cfg))
@@ -370,6 +373,9 @@ def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | No
     run = RunSetup.begin("dalle", "--dalle_output_file_name", backend, train_cfg, resume,
                          paths, log, tf32, trackers)
     run.val_every_n_steps = validation.val_every_n_steps
+    if compile_backend is not None:  # after begin: the backend's config is complete there
+        backend.everywhere("the --compile check",
+                           lambda: check_compile(compile_backend, backend))
     if run.payload is not None:
         check_carried_vqgan(run.payload["configs"]["vae"], taming, resume.flag,
                             run.payload["loaded_from"])
@@ -414,11 +420,15 @@ def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | No
     activation_checkpointing = job.compute.activation_checkpointing
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), job.run.lr_decay,
                      backend.device, attn_impl, precision=backend.precision(),
-                     activation_checkpointing=activation_checkpointing)
+                     activation_checkpointing=activation_checkpointing,
+                     compile_backend=compile_backend)
     n_params = sum(p.numel() for p in task.model.parameters())  # a shared one once
     if activation_checkpointing:
         log.info(f"activation checkpointing: every transformer block ({model_cfg.depth}) "
                  "recomputes its activations in backward")
+    if compile_backend is not None:
+        log.info(f"--compile: every transformer block ({model_cfg.depth}) compiled with "
+                 f"{compile_backend}, whole (fullgraph), in the second step")
     if job.profile.flops_profiler:
         run.profile_flops(task, loader)
         return None

@@ -18,6 +18,7 @@ from dalle_dist.backends.precision import Precision
 from dalle_dist.data.images import make_grid
 from dalle_dist.data.tokenizer import Tokenizer
 from dalle_dist.model import DALLE, DALLEConfig, ImageTokenizer
+from dalle_dist.train.compile import compile_blocks
 from dalle_dist.train.config import TrainConfig
 from dalle_dist.train.task import Batch, Task
 
@@ -44,12 +45,15 @@ class DALLETask(Task):
                  train: TrainConfig, data: dict[str, Any], lr_decay: bool,
                  device: torch.device, attn_impl: str = "auto",
                  precision: Precision | None = None,
-                 activation_checkpointing: bool = False) -> None:
+                 activation_checkpointing: bool = False,
+                 compile_backend: str | None = None) -> None:
         """vae: the frozen image tokenizer (a DiscreteVAE or a taming VQGAN), saved
         whole in every checkpoint; precision: the run's (backend.precision()), whose
         autocast the frozen VAE encodes under; None: fp32. activation_checkpointing: the
         trained model's blocks recompute their activations in backward (inference copies
-        need not)."""
+        need not). compile_backend: --compile's backend, the trained model's blocks
+        compiled with it after checkpointing is set and before any backend wraps the
+        model (train/compile.py); None: eager."""
         self.config, self.train, self.data = config, train, data
         self.precision = precision or Precision("fp32", device)
         self.learning_rate = train.learning_rate
@@ -57,6 +61,8 @@ class DALLETask(Task):
         self.vae = vae.to(device).eval().requires_grad_(False)
         self.model = self.build_model()
         self.model.transformer.set_checkpointing(activation_checkpointing)
+        if compile_backend is not None:
+            self.compiled = compile_blocks(self.model.transformer, compile_backend)
 
     def build_model(self) -> nn.Module:
         return DALLE(self.config, self.attn_impl)

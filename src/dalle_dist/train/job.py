@@ -67,8 +67,13 @@ class TrainJob:
         """Every check that needs no device, no file and no other rank: one `error:` line
         before anything starts."""
         for section in (self.run, self.train, self.resume, self.trackers, self.validation,
-                        self.taming):
+                        self.taming, self.compute):
             section.validate()
+        if self.compute.compile and self.profile.flops_profiler:
+            raise ConfigError("--flops_profiler cannot count a compiled step: its FLOP "
+                              "counter runs the ops one by one, and torch.compile's graphs do "
+                              "not run under it", "drop --compile; bench/compile_speedup.py "
+                              "times compiled steps against eager ones")
         if self.run.dalle_path and self.resume.source:
             raise ConfigError("--resume and --dalle_path both name a checkpoint",
                               "give one of them")

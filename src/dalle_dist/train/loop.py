@@ -154,6 +154,18 @@ def _watch_precision(engine: Engine, backend: DistributedBackend, log: RunLog,
              f"{dtype_names(seen)}")
 
 
+def _watch_compile(task: Task, step: int, first: bool, device: torch.device, log: RunLog
+                   ) -> contextlib.AbstractContextManager[None]:
+    """--compile: this process's first step runs eager, the next (which compiles) and the
+    one after it are timed, and the compile time logged once (train/compile.py); nothing
+    otherwise."""
+    if task.compiled is None:
+        return contextlib.nullcontext()
+    if first:
+        return task.compiled.eager()
+    return task.compiled.timing(step, device, log.info)
+
+
 def optimizer_step(task: Task, engine: Engine, backend: DistributedBackend,
                    micro_batches: list[Batch], config: TrainConfig, sums: DeviceSums,
                    step: int) -> None:
@@ -231,7 +243,9 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
         epoch_end = steps_per_epoch * ga  # a last partial window is left out, as drop_last
         while state.batch < epoch_end:
             window_batches = list(itertools.islice(micro_batches, ga))
-            with _watch_precision(engine, backend, log, state.step == first_step):
+            first = state.step == first_step
+            with (_watch_precision(engine, backend, log, first),
+                  _watch_compile(task, state.step + 1, first, device, log)):
                 optimizer_step(task, engine, backend, window_batches, config, device_sums,
                                state.step + 1)
             state.step += 1

@@ -16,6 +16,7 @@ from PIL import Image
 from torch import nn
 
 from dalle_dist.backends import Engine
+from dalle_dist.train.compile import CompiledBlocks
 from dalle_dist.train.optim import make_adam
 
 Batch = tuple[torch.Tensor, torch.Tensor | None, list[str]]
@@ -25,6 +26,8 @@ class Task(ABC):
     kind: str  # "vae" or "dalle": the checkpoint kind
     model: nn.Module  # built on the CPU; the backend moves and wraps it
     learning_rate: float
+    #: train --compile: the model's compiled blocks, which the loop times (None: eager)
+    compiled: CompiledBlocks | None = None
 
     @abstractmethod
     def build_model(self) -> nn.Module:
