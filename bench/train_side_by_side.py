@@ -15,7 +15,8 @@ A step, on either side, is the model-level step of its training script (no data 
 no VAE: both take image token ids): forward, backward, clip_grad_norm_ 0.5, Adam step,
 zero_grad. Theirs as its train_dalle.py builds it (DALLE(...) with rotary_emb and
 shift_tokens off unless --rotary_shift, torch.optim.Adam over the trainable parameters);
-ours DALLE(DALLEConfig) with make_adam (fused Adam), as our train loop steps. fp32, dim 256,
+ours DALLE(DALLEConfig) with make_adam (fused Adam), as our train loop steps (with
+--compile, its blocks compiled as `train --compile` does). fp32, dim 256,
 depth 4, 4 heads x 64, text 32 of 1000 tokens, 512 image codes; batch 8 at 256 image tokens
 (fmap 16), 2 at 1024 (fmap 32).
 
@@ -68,6 +69,7 @@ from generate_reference import stub_unused_imports
 
 from dalle_dist.model import DALLE, DALLEConfig
 from dalle_dist.selftest.mfu import training_flops_per_step
+from dalle_dist.train.compile import compile_blocks
 from dalle_dist.train.flops import cpu_attention_formulas
 from dalle_dist.train.optim import make_adam
 
@@ -145,7 +147,10 @@ def our_side(args: argparse.Namespace, pattern: str, fmap: int, text: torch.Tens
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return Side(model, step, count_forward(forward))
+    flops = count_forward(forward)  # eagerly: a FLOP counter cannot run a compiled graph
+    if args.compile:
+        compile_blocks(model.transformer)
+    return Side(model, step, flops)
 
 
 def our_config(args: argparse.Namespace, pattern: str, fmap: int) -> DALLEConfig:
@@ -313,6 +318,9 @@ def main() -> None:
     parser.add_argument("--rotary_shift", action="store_true",
                         help="rotary embeddings and shifted tokens on both sides "
                              "(default: off, as 1.6.6's train_dalle.py)")
+    parser.add_argument("--compile", action="store_true",
+                        help="our side's blocks compiled (train --compile: inductor, per "
+                             "block; the compile runs in the warm-up steps, 2 at least)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
@@ -327,6 +335,8 @@ def main() -> None:
     parser.add_argument("--num_text_tokens", type=int, default=1000)
     parser.add_argument("--num_image_tokens", type=int, default=512)
     args = parser.parse_args()
+    if args.compile:
+        args.warmup = max(args.warmup, 2)
     set_threads(args.threads)
     patterns = args.patterns.split(",")
     skipped = {}
