@@ -152,8 +152,9 @@ def band_scores(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout
     # The image positions padded to the whole grid, row-major [b, h, s * s, d].
     q_img, k_img, v_img = (F.pad(t[:, :, text:], (0, 0, 0, s * s - (n - text)))
                            for t in (q, k, v))
-    # Scaled here, in place (F.pad's backward needs no output): d values a query, not
-    # text + band x s scores.
+    # Scaled here, in place: d values a query, not text + band x s scores. F.pad made a
+    # new tensor (the grid has a padded cell at least: a sequence holds s * s - 1 image
+    # positions at most), and its backward needs no output.
     q_img = q_img.mul_(1 / math.sqrt(dh))
 
     def lines(t: Tensor) -> Tensor:  # [b, h, line, place, d]: rows, or columns
