@@ -168,9 +168,10 @@ def band_scores(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout
         # One slice per line offset (unfold's backward costs 1.7x these slices' on CPU).
         return torch.cat([padded[:, :, i:i + s] for i in range(band)], dim=3)
 
-    # The text's keys and values, contiguous: batched matmuls copy a strided operand
-    # anyway (qkv's batch and head strides do not merge), so one copy, made here, serves
-    # both uses and autograd saves it alike at every batch size.
+    # The text's keys and values, contiguous: a batched matmul copies a strided operand
+    # anyway when the batch is over 1 (qkv's batch and head strides do not merge), so the
+    # copy is made here, and autograd saves the same bytes at every batch size (plan's
+    # model of this path counts them).
     k_text, v_text = k[:, :, :text].contiguous(), v[:, :, :text].contiguous()
     to_text = torch.matmul(q_img, k_text.transpose(2, 3)).view(b, h, s, s, text)
     if columns:
