@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import resource
 import statistics
@@ -55,3 +56,13 @@ def emit(result: dict[str, Any]) -> None:
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
 
+
+def add_model_size_args(parser: argparse.ArgumentParser) -> None:
+    """The bench model's size flags (dim 256, depth 4, 4 x 64 heads, text 32 of 1000
+    tokens), one definition for the training benches that build it."""
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--dim_head", type=int, default=64)
+    parser.add_argument("--text_seq_len", type=int, default=32)
+    parser.add_argument("--num_text_tokens", type=int, default=1000)

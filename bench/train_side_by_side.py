@@ -64,7 +64,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit, matmul_peak_flops, set_threads
+from common import add_model_size_args, emit, matmul_peak_flops, set_threads
 from generate_reference import stub_unused_imports
 
 from dalle_dist.model import DALLE, DALLEConfig
@@ -327,12 +327,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None,
                         help="one batch for every length (default: 8 at 256 tokens, 2 at "
                              "1024)")
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--dim_head", type=int, default=64)
-    parser.add_argument("--text_seq_len", type=int, default=32)
-    parser.add_argument("--num_text_tokens", type=int, default=1000)
+    add_model_size_args(parser)
     parser.add_argument("--num_image_tokens", type=int, default=512)
     args = parser.parse_args()
     if args.compile:

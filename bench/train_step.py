@@ -22,7 +22,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit, matmul_peak_flops, median, peak_rss_mb, set_threads, time_steps
+from common import (
+    add_model_size_args,
+    emit,
+    matmul_peak_flops,
+    median,
+    peak_rss_mb,
+    set_threads,
+    time_steps,
+)
 
 from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
 from dalle_dist.selftest.mfu import training_flops_per_step
@@ -42,12 +50,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--dim_head", type=int, default=64)
-    parser.add_argument("--text_seq_len", type=int, default=32)
-    parser.add_argument("--num_text_tokens", type=int, default=1000)
+    add_model_size_args(parser)
     parser.add_argument("--image_size", type=int, default=64)
     parser.add_argument("--num_tokens", type=int, default=512)
     parser.add_argument("--num_layers", type=int, default=2)
