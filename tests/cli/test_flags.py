@@ -172,6 +172,13 @@ def test_config_flags_are_declared_only_on_their_dataclass(cls: type) -> None:
             assert not again, f"{option} declared again in {again}"
 
 
+def test_local_rank_is_declared_once() -> None:
+    """The launchers' --local_rank has one declaration (cli/parser.add_launcher_rank) that
+    the CLI and the selftest's worker share; a second copy drifted once (another default)."""
+    where = [path for option, path in _declared_option_strings() if option == "--local_rank"]
+    assert where == ["cli/parser.py"], where
+
+
 def test_reversible_is_activation_checkpointing_and_shared_ids_parse() -> None:
     """--reversible (DALLE-pytorch) and --activation_checkpointing set one field, on train
     and plan; shared ids are DALLE-pytorch's comma strings."""

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from dalle_dist.cli.parser import add_launcher_rank
 from dalle_dist.selftest.mfu import training_flops_per_step
 from dalle_dist.selftest.models import fresh_vae, model_configs
 
@@ -438,8 +439,7 @@ KINDS = {"train": train_run, "resume": resume_phase, "hung_peer": hung_peer_run}
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("specs", help="JSON file: a list of specs")
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=None,
-                        help=argparse.SUPPRESS)  # the deepspeed launcher adds it
+    add_launcher_rank(parser)  # the deepspeed launcher adds --local_rank
     args = parser.parse_args()
     specs = json.loads(Path(args.specs).read_text())
     rank = int(os.environ.get("RANK", "0"))
