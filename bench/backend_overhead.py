@@ -107,6 +107,7 @@ def rank_main(engine: str, args: argparse.Namespace) -> None:
     def hand_written() -> list[tuple[float, float]]:
         """The engine's own API, nothing else; each step timed from fetching its batch."""
         task = new_task()
+        task.materialise()  # built on the meta device; this loop places it by hand
         if engine == "torch-ddp":
             model = torch.nn.parallel.DistributedDataParallel(task.model.to(device))
             optimizer = task.make_optimizer(model.parameters())
@@ -139,7 +140,7 @@ def rank_main(engine: str, args: argparse.Namespace) -> None:
         """The real loop, from the real backend; each step's time, end to end."""
         task = new_task()
         engine = backend.distribute(task.model, task.make_optimizer, task.make_scheduler,
-                                    clip_grad_norm=0.5)
+                                    clip_grad_norm=0.5, weights=task.initial_weights())
         with tempfile.TemporaryDirectory() as tmp:
             paths = RunPaths(Path(tmp) / "bench.pt")
             clock = StepClock(paths.metrics, backend.is_root)

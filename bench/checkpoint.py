@@ -100,6 +100,7 @@ def rank_main(name: str, args: argparse.Namespace) -> None:
     from dalle_dist.data import CaptionCollate, DataConfig, EpochLoader, ShapesDataset
     from dalle_dist.data.tokenizer import ByteTokenizer
     from dalle_dist.model import DALLEConfig, DiscreteVAE, VAEConfig
+    from dalle_dist.train.commands import model_weights
     from dalle_dist.train.config import RunPaths, TrainConfig
     from dalle_dist.train.dalle_task import DALLETask
     from dalle_dist.train.run_log import RunLog
@@ -144,9 +145,10 @@ def rank_main(name: str, args: argparse.Namespace) -> None:
                          backend.world_size, 0, 0, collate)
     data = DataConfig().to_dict()
 
-    def distribute(task: DALLETask) -> Any:
+    def distribute(task: DALLETask, payload: dict[str, Any] | None = None) -> Any:
         return backend.distribute(task.model, task.make_optimizer, task.make_scheduler,
-                                  shard_units=task.shard_units(task.model), clip_grad_norm=0.5)
+                                  shard_units=task.shard_units(task.model), clip_grad_norm=0.5,
+                                  weights=model_weights(task, payload))
 
     def timed(region: Any, *region_args: Any, **kwargs: Any) -> float:
         backend.barrier("bench")
@@ -202,10 +204,8 @@ def rank_main(name: str, args: argparse.Namespace) -> None:
                 model_cfg, vae2, tokenizer2 = dalle_parts(payload)
                 torch.manual_seed(train_cfg.seed)
                 task2 = DALLETask(model_cfg, vae2, tokenizer2, train_cfg, data, False, device)
-                if payload["weights"] is not None:
-                    task2.model.load_state_dict(payload["weights"])
                 marks.append(time.perf_counter())
-                engine2 = distribute(task2)
+                engine2 = distribute(task2, payload)
                 marks.append(time.perf_counter())
                 state = restore_training(payload, engine2, backend, train_cfg.batch_size,
                                          train_cfg.seed, log)

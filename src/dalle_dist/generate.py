@@ -21,6 +21,7 @@ from dalle_dist.errors import ConfigError
 from dalle_dist.fileio import atomic_writer, ensure_writable_dir
 from dalle_dist.model import DALLE, ImageTokenizer
 from dalle_dist.model.decoding import StaticDecoder
+from dalle_dist.model.init import on_meta
 from dalle_dist.train.cuda_settings import TF32_ON, set_cudnn_benchmark, set_tf32
 
 
@@ -143,8 +144,10 @@ def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_pa
     if taming is not None:
         check_carried_vqgan(payload["configs"]["vae"], taming, flag, path)
     config, vae, tok = dalle_parts(payload, tokenizer, f"{flag} {path}")
-    model = DALLE(config)
-    model.load_state_dict(payload["weights"])
+    # Built on the meta device and given the file's tensors (assign): no random weights are
+    # drawn only to be overwritten, and the one copy made is the cast onto the device.
+    model = on_meta(lambda: DALLE(config))
+    model.load_state_dict(payload["weights"], assign=True)
     return Sampler(model.to(device=device, dtype=dtype).eval(), vae.to(device).eval(), tok)
 
 

@@ -36,8 +36,9 @@ def hand_clipped_step(task: Any, weights: dict[str, torch.Tensor], batches: list
                       max_norm: float | None) -> tuple[dict[str, torch.Tensor], float]:
     """One Adam step of a fresh copy from `weights` on all `batches` at once, its gradient
     clipped by hand to max_norm (None: unclipped); the new weights and the pre-clip norm."""
-    model = task.build_model()
-    model.load_state_dict(weights)
+    model = task.build_model()  # DALL-E's on the meta device: the copies become its weights
+    model.load_state_dict({name: value.clone() for name, value in weights.items()},
+                          assign=True)
     model.train()
     images = torch.cat([b[0] for b in batches])
     text = torch.cat([b[1] for b in batches])

@@ -37,10 +37,13 @@ TWENTY_STEPS = ("--shapes_count", "320", "--sample_every_n_steps", "10")
 COMPILE_PATTERNS = ("--attn_types", "full,axial_row")
 #: fp32: a compiled step's kernels sum in another order than eager ones. Seen over 20
 #: steps, one process and 2 ranks, inductor and aot_eager: losses and gradient norms 2e-7
-#: apart (relative), weights 3.5e-7 (absolute). A block output off by 1e-3 moved the
-#: losses by only 6.5e-6 (the layer norms absorb a scale) but the weights by 2.3e-4:
-#: the weights are what can see a small error (off by 1e-4: weights 1.2e-5 away).
-COMPILE_RTOL, COMPILE_WEIGHT_ATOL = 1e-5, 2e-6
+#: apart (relative), weights 3.5e-7 (absolute) from one set of initial weights; from
+#: another, one element of 3,072 was 2.6e-6 away on all four 2-rank backends alike (the
+#: two ranks' mean of a near-zero gradient rounds differently from one process's, and
+#: Adam divides that by the gradient's own small second moment). A block output off by
+#: 1e-3 moved the losses by only 6.5e-6 (the layer norms absorb a scale) but the weights
+#: by 2.3e-4: the weights are what can see a small error (off by 1e-4: 1.2e-5 away).
+COMPILE_RTOL, COMPILE_WEIGHT_ATOL = 1e-5, 5e-6
 
 Launcher = Callable[..., "launch.subprocess.CompletedProcess[str]"]
 ROOT = Path(__file__).resolve().parents[2]

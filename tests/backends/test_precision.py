@@ -167,19 +167,19 @@ def test_fsdp_bf16_equals_ddp_bf16(trained: Callable[[str, str], Run]) -> None:
 
     Not to fp32's 1e-5: FSDP gathers its parameters in bf16 (MixedPrecisionPolicy), so
     its embeddings and norms compute from bf16 weights where DDP's autocast reads fp32
-    ones, and the two runs differ about as much as bf16 differs from fp32 (observed: at
-    most 6.6e-3, in at most 3.1% of a tensor's elements by more than 1e-3, the same
-    share as DDP bf16 against fp32). A shard that missed its updates differs in most of
-    its elements instead: Adam moves every weight by the learning rate (3e-3) on its
-    first step. Broken on purpose (rank 1's optimizer stepped at learning rate 0): a
-    to_qkv weight 2.0e-2 off DDP's.
+    ones, and the two runs differ less than bf16 differs from fp32 (observed: at most
+    8.2e-3; by more than 1e-3 in at most 12.5% of a tensor's elements, 4 of a LayerNorm's
+    32, where DDP bf16 and DDP fp32 differ in up to 33%). A shard that missed its updates
+    differs in its half of every tensor instead: Adam moves every weight by the learning
+    rate (3e-3) on its first step. Broken on purpose (rank 1's optimizer stepped at
+    learning rate 0): a to_qkv weight 2.0e-2 off DDP's.
     """
     got = trained("fsdp", "bf16").payload["weights"]
     expected = trained("torch", "bf16").payload["weights"]
     assert_weights_close(got, expected, rtol=0, atol=2e-2)
     for key, tensor in expected.items():
         off = ((got[key].float() - tensor.float()).abs() > 1e-3).float().mean().item()
-        assert off <= 0.1, f"{key}: {off:.1%} of its elements differ from DDP's by > 1e-3"
+        assert off <= 0.25, f"{key}: {off:.1%} of its elements differ from DDP's by > 1e-3"
 
 
 @pytest.mark.parametrize("name", FP16)

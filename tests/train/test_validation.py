@@ -53,7 +53,7 @@ def measure(backend: Any) -> dict[str, Any]:
                          num_image_tokens=32, image_fmap_size=4, dim=32, depth=2, heads=2,
                          dim_head=16, ff_dropout=0.5, null_cond_prob=0.5)
     task = DALLETask(config, vae, tokenizer, TrainConfig(), {}, False, backend.device)
-    reference = copy.deepcopy(task.model).eval()
+    reference = copy.deepcopy(task.materialise()).eval()
     engine = distribute(task, backend, TrainConfig())
     collate = CaptionCollate(tokenizer, 40, False)
     loader, _ = make_loader(DataConfig(shapes_count=SHAPES, image_size=16), 16, BATCH,
@@ -234,7 +234,7 @@ def test_vae_validation_loss_is_fixed_for_fixed_weights_and_leaves_the_rng() -> 
     assert first == second
     assert engine.module.training
 
-    reference = copy.deepcopy(task.model).eval()
+    reference = copy.deepcopy(task.materialise()).eval()
     with torch.no_grad():
         seed_pass(backend.device)
         weighted = [(reference(*task.inputs(batch, backend.device, training=False)), n)

@@ -20,7 +20,12 @@ import torch
 from torch import nn
 
 from dalle_dist.backends.config import DistributedConfig
-from dalle_dist.backends.engine import Engine, OptimizerFactory, SchedulerFactory
+from dalle_dist.backends.engine import (
+    Engine,
+    OptimizerFactory,
+    SchedulerFactory,
+    parameter_digest,
+)
 from dalle_dist.backends.placement import check_explicit_gpu, rank_device
 from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.precision import Precision, apex_amp
@@ -29,6 +34,7 @@ from dalle_dist.backends.rank_errors import portable, rebuilt
 from dalle_dist.backends.verdict import Verdict
 from dalle_dist.backends.watch import ENGINE_GRACE_S, CollectiveWatch
 from dalle_dist.errors import ConfigError, DalleDistError, PeerLost, Stopped
+from dalle_dist.model.init import WeightStream
 
 T = TypeVar("T")
 
@@ -317,11 +323,26 @@ class DistributedBackend(ABC):
 
     # -- the engine --------------------------------------------------------------------
 
+    def check_same_weights(self, heads: dict[str, torch.Tensor]) -> None:
+        """Ranks that each filled their own shards (FSDP, ZeRO-3) did so from the same
+        values: one gather of a 16-character digest per rank over the first elements of
+        every full parameter (model.init.with_heads); the weights never travel. Replica
+        engines need no such check: DDP, Horovod and ZeRO 0-2 broadcast rank 0's."""
+        if self.world_size == 1:
+            return
+        digests = self.all_gather_object(parameter_digest(heads), "the initial weight digests")
+        if len(set(digests)) > 1:
+            raise DalleDistError(
+                f"the ranks built different initial weights (digests {', '.join(digests)})",
+                "every rank must use the same --seed and read the same checkpoint file; "
+                "resume from a file all nodes share")
+
     @abstractmethod
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
                    make_scheduler: SchedulerFactory,
                    shard_units: Sequence[nn.Module | list[nn.Module]] = (),
-                   clip_grad_norm: float | None = None) -> Engine:
+                   clip_grad_norm: float | None = None,
+                   weights: WeightStream | None = None) -> Engine:
         """Wrap `module` for this backend and build its optimizer and scheduler.
 
         shard_units: submodules a sharding backend (FSDP) may shard one by one; a list

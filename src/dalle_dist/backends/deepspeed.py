@@ -64,6 +64,7 @@ from dalle_dist.backends.verdict import Verdict, error_line, installed_version
 from dalle_dist.backends.watch import CollectiveWatch
 from dalle_dist.errors import ConfigError
 from dalle_dist.fileio import quiet_output
+from dalle_dist.model.init import WeightStream, owned_parameters, placed, with_heads
 
 
 def read_json_config(path: str) -> dict[str, Any]:
@@ -287,6 +288,42 @@ class DeepSpeedEngine(Engine):
                 "checkpoint is a single file")
 
 
+def zero3_partitioned(module: nn.Module, weights: WeightStream, config: dict[str, Any],
+                      device: torch.device) -> nn.Module:
+    """A meta-built module under ZeRO-3, partitioned as if built inside
+    `deepspeed.zero.Init`: module by module, its parameters get their full values on the
+    rank's device and are partitioned at once (`zero.Init(module=...)`), so a rank holds
+    its partitions plus one module's full parameters, never the whole model.
+
+    The stream follows `named_parameters()`, which lists a module's own parameters
+    together, so each owning module is converted once its last one is filled."""
+    from deepspeed.runtime.zero.partition_parameters import Init
+
+    owners = {name: (owner, own) for name, owner, own in owned_parameters(module)}
+    pending: list[nn.Module] = []
+
+    def partition(owner: nn.Module) -> None:
+        Init(module=owner, config_dict_or_path=config, mem_efficient_linear=False)
+
+    for name, value in weights:
+        owner, own = owners.pop(name)
+        if pending and pending[-1] is not owner:
+            partition(pending.pop())
+        if not pending:
+            pending.append(owner)
+        meta = owner._parameters[own]
+        owner._parameters[own] = nn.Parameter(value.to(device, copy=True),
+                                              requires_grad=meta.requires_grad)
+    if pending:
+        partition(pending.pop())
+    if owners:
+        raise RuntimeError(f"no value for {sorted(owners)[:5]}")
+    whole = [name for name, param in module.named_parameters() if not hasattr(param, "ds_id")]
+    if whole:  # deepspeed.initialize would partition them, from a whole copy on every rank
+        raise RuntimeError(f"zero.Init(module=...) left {whole[:5]} unpartitioned")
+    return module
+
+
 class DeepSpeedBackend(TorchDistributedBackend):
     name = "deepspeed"
     extra = "deepspeed"
@@ -447,14 +484,20 @@ class DeepSpeedBackend(TorchDistributedBackend):
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
                    make_scheduler: SchedulerFactory,
                    shard_units: Sequence[nn.Module | list[nn.Module]] = (),
-                   clip_grad_norm: float | None = None) -> Engine:
+                   clip_grad_norm: float | None = None,
+                   weights: WeightStream | None = None) -> Engine:
         import deepspeed
 
         config = dict(self.config)
         config["gradient_clipping"] = (self.json_config.get("gradient_clipping")
                                        or clip_grad_norm or 0.0)
         device = self.device
-        module = module.to(device)
+        if weights is not None and int(config["zero_optimization"]["stage"]) == 3:
+            heads: dict[str, torch.Tensor] = {}
+            module = zero3_partitioned(module, with_heads(weights, heads), config, device)
+            self.check_same_weights(heads)
+        else:
+            module = placed(module, weights, device)
         if config["fp16"]["enabled"]:
             _autocast_forward(module, device, torch.float16)
         optimizer = None

@@ -1,14 +1,14 @@
 """`fsdp`: FSDP2 (`fully_shard`) per shard unit (transformer block) and on the root module,
 applied the way torchtitan applies it.
 
-No rank ever holds the whole model on its device: the model the task built on the CPU
-becomes a skeleton on the meta device, is sharded there, and each rank materialises only
-its own shards (`to_empty`) and fills them from its CPU copy. The initial weights come
-from identical seeding, not from a broadcast: every rank builds the model from the same
---seed, or reads the same checkpoint, before it gets here (train/commands.py). One gather
-of a digest per rank checks that they really agree, since a rank that drew different
-weights would otherwise train a shard of a different model, which the per-rank shard
-digests at the end cannot show.
+No rank ever holds the whole model: a training run's DALL-E arrives built on the meta
+device with a stream of its values (docs/design.md, "Construction"); it is sharded as it
+is, each rank allocates only its own shards (`to_empty`) and fills each from its chunk of
+the full value, one parameter at a time. A module built with values (the VAE) is first
+turned into that skeleton. The values come from identical seeding or the same checkpoint
+file on every rank, not from a broadcast, so one gather of a digest per rank checks that
+they agree: a rank that drew different weights would otherwise train a shard of a
+different model, which the per-rank shard digests at the end cannot show.
 
 bf16 and fp16 gather parameters in that dtype and reduce gradients in fp32
 (`MixedPrecisionPolicy`, on every `fully_shard` call). Autocast stays on as on the other
@@ -44,7 +44,7 @@ from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.precision import Precision
 from dalle_dist.backends.precision_kinds import PRECISION_KINDS
 from dalle_dist.backends.torch_dist import TorchDistributedBackend
-from dalle_dist.errors import DalleDistError
+from dalle_dist.model.init import WeightStream, with_heads
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -77,20 +77,27 @@ def rank_chunk(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 
 
 def shard_onto(module: nn.Module, units: Sequence[nn.Module | list[nn.Module]],
-               device: torch.device,
-               policy: MixedPrecisionPolicy, rank: int, world_size: int) -> None:
-    """Shard `module` (on the CPU, weights set) over `world_size` ranks on `device`, in
-    place: each rank allocates and copies only its own shards.
+               device: torch.device, policy: MixedPrecisionPolicy, rank: int,
+               world_size: int, weights: WeightStream | None = None) -> dict[str, torch.Tensor]:
+    """Shard `module` over `world_size` ranks on `device`, in place: each rank allocates
+    and fills only its own shards. Returns the first elements of each full value, for the
+    ranks to compare (model.init.with_heads).
 
-    The CPU tensors are kept aside, the module goes to the meta device (no storage),
-    `fully_shard` splits the skeleton, `to_empty` allocates this rank's shards on the
-    device, and each is filled with its chunk of the CPU tensor (only that chunk crosses
-    to the device). Buffers are not sharded: each rank gets its copy back. A unit given
-    as a list is one `fully_shard([...])` group: modules that share parameters.
+    A meta-built module (weights: its values, one full parameter at a time) is sharded as
+    it is, so no rank ever holds the whole model: the host holds one full parameter at a
+    time, the device this rank's shards. A built module (weights None; a VAE, or a test's
+    model) keeps its tensors aside and goes to the meta device first. Then `fully_shard`
+    splits the skeleton, `to_empty` allocates this rank's shards on the device, and each is
+    filled with its chunk of the full value (only that chunk crosses to the device).
+    Buffers are not sharded: each rank gets its copy back. A unit given as a list is one
+    `fully_shard([...])` group: modules that share parameters.
     """
-    params = {name: param.detach() for name, param in module.named_parameters()}
     buffers = {name: buffer.detach() for name, buffer in module.named_buffers()}
-    module.to("meta")
+    if weights is None:
+        weights = iter([(name, param.detach()) for name, param in module.named_parameters()])
+        module.to("meta")
+    elif buffers:
+        raise ValueError("a meta-built module cannot have buffers: they would have no values")
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -99,15 +106,20 @@ def shard_onto(module: nn.Module, units: Sequence[nn.Module | list[nn.Module]],
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(module, mesh=mesh, mp_policy=policy)
     module.to_empty(device=device)
+    params: dict[str, nn.Parameter] = dict(module.named_parameters())
+    heads: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        for name, param in module.named_parameters():
-            local, chunk = param.to_local(), rank_chunk(params[name], rank, world_size)
+        for name, full in with_heads(weights, heads):
+            local, chunk = params.pop(name).to_local(), rank_chunk(full, rank, world_size)
             if local.shape != chunk.shape:  # FSDP2 split differently from torch.chunk
                 raise RuntimeError(f"{name}: shard {tuple(local.shape)} on rank {rank}, "
                                    f"expected {tuple(chunk.shape)}")
             local.copy_(chunk)
         for name, buffer in module.named_buffers():
             buffer.copy_(buffers[name])
+    if params:
+        raise RuntimeError(f"no value for {sorted(params)[:5]}")
+    return heads
 
 
 class FSDPEngine(Engine):
@@ -156,26 +168,18 @@ class FSDPBackend(TorchDistributedBackend):
     name = "fsdp"
     plan_terms = PlanTerms("FSDP", cost_rank=(6,), sharding="fully_shard")
 
-    def check_same_weights(self, module: nn.Module) -> None:
-        """Every rank built the same initial weights (one gather of a 16-character digest
-        per rank; the weights themselves never travel)."""
-        digests = self.all_gather_object(parameter_digest(module.state_dict()),
-                                         "the initial weight digests")
-        if len(set(digests)) > 1:
-            raise DalleDistError(
-                f"the ranks built different initial weights (digests {', '.join(digests)})",
-                "every rank must use the same --seed and read the same checkpoint file; "
-                "resume from a file all nodes share")
-
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
                    make_scheduler: SchedulerFactory,
                    shard_units: Sequence[nn.Module | list[nn.Module]] = (),
-                   clip_grad_norm: float | None = None) -> Engine:
+                   clip_grad_norm: float | None = None,
+                   weights: WeightStream | None = None) -> Engine:
+        """weights: the values of a meta-built `module`, which each rank then fills shard
+        by shard; None: `module` holds its values (see shard_onto)."""
         device = self.device
-        if self.world_size > 1:
-            self.check_same_weights(module)
-        shard_onto(module, shard_units, device, mixed_precision_policy(self.precision_name),
-                   self.rank, self.world_size)
+        heads = shard_onto(module, shard_units, device,
+                           mixed_precision_policy(self.precision_name), self.rank,
+                           self.world_size, weights)
+        self.check_same_weights(heads)
         optimizer = make_optimizer(module.parameters())
         # Apex amp cannot wrap a sharded model: FSDP always uses native autocast.
         return FSDPEngine(module, optimizer, make_scheduler(optimizer),

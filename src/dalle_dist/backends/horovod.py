@@ -21,6 +21,7 @@ from dalle_dist.backends.engine import Engine, OptimizerFactory, SchedulerFactor
 from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.torch_dist import set_cpu_threads
 from dalle_dist.backends.verdict import Verdict, error_line, installed_version
+from dalle_dist.model.init import WeightStream, placed
 
 #: HOROVOD_FUSION_THRESHOLD's default: the buffer small tensors are fused in for all-reduce.
 FUSION_BUFFER_BYTES = 64 * 2**20
@@ -176,11 +177,12 @@ class HorovodBackend(DistributedBackend):
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
                    make_scheduler: SchedulerFactory,
                    shard_units: Sequence[nn.Module | list[nn.Module]] = (),
-                   clip_grad_norm: float | None = None) -> Engine:
+                   clip_grad_norm: float | None = None,
+                   weights: WeightStream | None = None) -> Engine:
         import horovod.torch as hvd
 
         device, precision = self.device, self.precision()
-        module = module.to(device)
+        module = placed(module, weights, device)
         module, optimizer = precision.prepare(module, make_optimizer(module.parameters()))
         hvd.broadcast_parameters(module.state_dict(), root_rank=0)
         # backward_passes_per_step: each gradient is all-reduced once per --ga_steps

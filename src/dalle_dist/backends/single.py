@@ -12,6 +12,7 @@ from dalle_dist.backends.contract import DistributedBackend
 from dalle_dist.backends.engine import Engine, OptimizerFactory, SchedulerFactory
 from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.precision_kinds import DEFAULT_PRECISION
+from dalle_dist.model.init import WeightStream, placed
 
 
 class SingleBackend(DistributedBackend):
@@ -32,9 +33,10 @@ class SingleBackend(DistributedBackend):
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
                    make_scheduler: SchedulerFactory,
                    shard_units: Sequence[nn.Module | list[nn.Module]] = (),
-                   clip_grad_norm: float | None = None) -> Engine:
+                   clip_grad_norm: float | None = None,
+                   weights: WeightStream | None = None) -> Engine:
         precision = self.precision()
-        module = module.to(self.device)
+        module = placed(module, weights, self.device)
         module, optimizer = precision.prepare(module, make_optimizer(module.parameters()))
         return Engine(module, optimizer, make_scheduler(optimizer), precision,
                       ga_steps=self.ga_steps)

@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 from dalle_dist.backends.engine import Engine, OptimizerFactory, SchedulerFactory
 from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.torch_dist import TorchDistributedBackend
+from dalle_dist.model.init import WeightStream, placed
 
 
 class DDPEngine(Engine):
@@ -39,9 +40,10 @@ class TorchBackend(TorchDistributedBackend):
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
                    make_scheduler: SchedulerFactory,
                    shard_units: Sequence[nn.Module | list[nn.Module]] = (),
-                   clip_grad_norm: float | None = None) -> Engine:
+                   clip_grad_norm: float | None = None,
+                   weights: WeightStream | None = None) -> Engine:
         device, precision = self.device, self.precision()
-        module = module.to(device)
+        module = placed(module, weights, device)
         module, optimizer = precision.prepare(module, make_optimizer(module.parameters()))
         # DDP broadcasts rank 0's parameters and buffers here: every rank starts equal.
         # gradient_as_bucket_view: each gradient is a view into its all-reduce bucket, so

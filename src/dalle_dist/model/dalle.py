@@ -12,6 +12,7 @@ from dalle_dist.model.attention import LayerKVCache
 from dalle_dist.model.config import DALLEConfig
 from dalle_dist.model.decoding import StaticDecoder
 from dalle_dist.model.image_tokenizer import ImageTokenizer
+from dalle_dist.model.init import initial_value
 from dalle_dist.model.modes import eval_mode
 from dalle_dist.model.patterns import PatternOptions, SequenceLayout
 from dalle_dist.model.sampling import guide, null_text, sample_tokens
@@ -86,11 +87,14 @@ class DALLE(nn.Module):
         self.apply(self._init_weights)
 
     @staticmethod
+    @torch.no_grad()
     def _init_weights(module: nn.Module) -> None:
+        """model/init.py's rule, drawn from the global RNG: a model built directly. A
+        training run builds on the meta device and draws from --seed's own stream
+        (model.init.initial_weights), the same on every backend and world size."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
+            for name, param in module.named_parameters(recurse=False):
+                param.copy_(initial_value(module, name, param.shape))
 
     # -- embedding -------------------------------------------------------------------
 

@@ -207,6 +207,7 @@ def train_run(spec: dict[str, Any]) -> dict[str, Any]:
     from dalle_dist.backends.precision import matmul_dtypes
     from dalle_dist.checkpoint.checkpointer import Checkpointer
     from dalle_dist.data.loader import default_num_workers
+    from dalle_dist.train.commands import distribute
     from dalle_dist.train.config import RunPaths
     from dalle_dist.train.dalle_task import DALLETask
     from dalle_dist.train.loop import train
@@ -235,10 +236,9 @@ def train_run(spec: dict[str, Any]) -> dict[str, Any]:
                                            precision=backend.precision(),
                                            compile_backend=spec.get("compile"))
     weights_out = spec.get("weights_out")
-    initial = plain_names(task.model.state_dict()) if weights_out else None
-    engine = backend.distribute(task.model, task.make_optimizer, task.make_scheduler,
-                                shard_units=task.shard_units(task.model),
-                                clip_grad_norm=train_cfg.clip_grad_norm)
+    # The model is built on the meta device; `distribute` fills it as `train` does.
+    initial = plain_names(dict(task.initial_weights())) if weights_out else None
+    engine = distribute(task, backend, train_cfg)
     norms = record_grad_norms(engine)
 
     class NoSaves(Checkpointer):

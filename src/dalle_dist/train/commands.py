@@ -45,6 +45,7 @@ from dalle_dist.errors import ConfigError, DataError, OutputError, Stopped
 from dalle_dist.model import DALLEConfig, VAEConfig
 from dalle_dist.model.attention_paths import flex_dropout_error
 from dalle_dist.model.config import ComputeConfig
+from dalle_dist.model.init import WeightStream, checkpoint_weights
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
 from dalle_dist.train.compile import DEFAULT_BACKEND, check_compile
 from dalle_dist.train.config import ResumeConfig, RunPaths, TrackerConfig, TrainConfig
@@ -129,11 +130,28 @@ def describe_batch(backend: DistributedBackend, batch_size: int, loader: Loader)
     return (f"global batch {micro * ga * world} = {split} x {world} ranks ({backend.name})")
 
 
-def distribute(task: Task, backend: DistributedBackend, train_cfg: TrainConfig) -> Engine:
+def model_weights(task: Task, payload: dict[str, Any] | None) -> WeightStream | None:
+    """What fills the task's model: a checkpoint's weights or the initial ones, as a
+    stream when the model was built on the meta device (the backend places them, FSDP
+    each rank its own shards); a model built with values loads a checkpoint's here."""
+    saved = None if payload is None else payload["weights"]
+    if not any(param.is_meta for param in task.model.parameters()):
+        if saved is not None:
+            task.model.load_state_dict(saved)
+        return None
+    return task.initial_weights() if saved is None else checkpoint_weights(task.model, saved)
+
+
+def distribute(task: Task, backend: DistributedBackend, train_cfg: TrainConfig,
+               payload: dict[str, Any] | None = None) -> Engine:
+    """The task's model, given its values (the checkpoint's in `payload`, else its
+    initial ones), placed and wrapped by the backend; the engine."""
+    weights = model_weights(task, payload)
     with backend.waiting("the engine set-up"):  # DDP and FSDP broadcast the weights
         engine = backend.distribute(task.model, task.make_optimizer, task.make_scheduler,
                                     shard_units=task.shard_units(task.model),
-                                    clip_grad_norm=train_cfg.clip_grad_norm)
+                                    clip_grad_norm=train_cfg.clip_grad_norm,
+                                    weights=weights)
     # Same initial weights everywhere (seeded above); from here on each rank's own stream,
     # so dropout masks and crops differ between ranks as they would between samples.
     torch.manual_seed(train_cfg.seed + backend.rank)
@@ -205,9 +223,11 @@ class RunSetup:
         the batch logged, optimizer, RNG and position restored, then the loop; returns
         the trained engine."""
         backend, train_cfg, log, payload = self.backend, self.train_cfg, self.log, self.payload
-        if payload is not None and payload["weights"] is not None:
-            task.model.load_state_dict(payload["weights"])
-        engine = distribute(task, backend, train_cfg)
+        built_on_meta = any(param.is_meta for param in task.model.parameters())
+        engine = distribute(task, backend, train_cfg, payload)
+        if built_on_meta and engine.shards_parameters:
+            log.info("the model was built on the meta device: each rank "
+                     f"{'loaded' if payload is not None else 'initialised'} its own shards")
         log.info(f"{headline}, {train_cfg.epochs} epochs of {len(loader)} steps at "
                  f"{describe_batch(backend, train_cfg.batch_size, loader)}")
         state = None if payload is None else restore_training(
@@ -241,9 +261,7 @@ class RunSetup:
         model distributed, one step's FLOPs counted and timed (train/flops.py) and printed
         by the root. Optimizer steps are taken in memory only: nothing is saved."""
         backend, log = self.backend, self.log
-        if self.payload is not None and self.payload["weights"] is not None:
-            task.model.load_state_dict(self.payload["weights"])
-        engine = distribute(task, backend, self.train_cfg)
+        engine = distribute(task, backend, self.train_cfg, self.payload)
         micro_batches = list(itertools.islice(loader.epoch(0), engine.ga_steps))
         if len(micro_batches) < engine.ga_steps:
             raise DataError(f"--flops_profiler needs {engine.ga_steps} micro-batches per rank, "

@@ -18,6 +18,7 @@ from dalle_dist.backends.precision import Precision
 from dalle_dist.data.images import make_grid
 from dalle_dist.data.tokenizer import Tokenizer
 from dalle_dist.model import DALLE, DALLEConfig, ImageTokenizer
+from dalle_dist.model.init import WeightStream, initial_weights, on_meta
 from dalle_dist.train.compile import compile_blocks
 from dalle_dist.train.config import TrainConfig
 from dalle_dist.train.task import Batch, Task
@@ -65,7 +66,14 @@ class DALLETask(Task):
             self.compiled = compile_blocks(self.model.transformer, compile_backend)
 
     def build_model(self) -> nn.Module:
-        return DALLE(self.config, self.attn_impl)
+        """On the meta device: shapes only. Training fills it from initial_weights() or a
+        checkpoint (FSDP: each rank its own shards); sampling loads gathered weights into
+        it with assign=True, so no random values are drawn only to be overwritten."""
+        return on_meta(lambda: DALLE(self.config, self.attn_impl))
+
+    def initial_weights(self) -> WeightStream:
+        """Drawn from --seed's own generator: the same on every backend and world size."""
+        return initial_weights(self.model, self.train.seed)
 
     def make_scheduler(self, optimizer: torch.optim.Optimizer) -> Any | None:
         # DALLE-pytorch's --lr_decay: halve the rate when the epoch loss stops falling.

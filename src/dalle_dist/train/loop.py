@@ -101,7 +101,12 @@ def inference_model(task: Task, engine: Engine, backend: DistributedBackend) -> 
     state = engine.full_state_dict()
     if not backend.is_root:
         return None
-    model = task.build_model().to(backend.device)
+    model = task.build_model()
+    if any(param.is_meta for param in model.parameters()):
+        # The gathered CPU tensors become the weights: no second full copy is allocated.
+        model.load_state_dict(state, assign=True)
+        return model.to(backend.device)
+    model = model.to(backend.device)
     model.load_state_dict(state)
     return model
 

@@ -16,6 +16,7 @@ from PIL import Image
 from torch import nn
 
 from dalle_dist.backends import Engine
+from dalle_dist.model.init import WeightStream, materialise
 from dalle_dist.train.compile import CompiledBlocks
 from dalle_dist.train.optim import make_adam
 
@@ -24,7 +25,9 @@ Batch = tuple[torch.Tensor, torch.Tensor | None, list[str]]
 
 class Task(ABC):
     kind: str  # "vae" or "dalle": the checkpoint kind
-    model: nn.Module  # built on the CPU; the backend moves and wraps it
+    #: built on the meta device when initial_weights() gives its values, else on the CPU;
+    #: the backend places (FSDP: shards) and wraps it
+    model: nn.Module
     learning_rate: float
     #: train --compile: the model's compiled blocks, which the loop times (None: eager)
     compiled: CompiledBlocks | None = None
@@ -32,6 +35,20 @@ class Task(ABC):
     @abstractmethod
     def build_model(self) -> nn.Module:
         """A fresh model of this task's architecture (for sampling from gathered weights)."""
+
+    def initial_weights(self) -> WeightStream | None:
+        """The values of a meta-built `model` before training, one full parameter at a time
+        (model/init.py); None: `model` was built with its values."""
+        return None
+
+    def materialise(self) -> nn.Module:
+        """`model` with its initial weights on the CPU, whole: for code that needs the
+        whole model in one process (references in tests and benches). Training leaves
+        this to the backend, which places the values itself (FSDP: each rank its shards)."""
+        weights = self.initial_weights()
+        if weights is not None:
+            materialise(self.model, weights)
+        return self.model
 
     def make_optimizer(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
         return make_adam(params, self.learning_rate)
