@@ -119,11 +119,12 @@ def rank_main(name: str, out: Path) -> None:
     result = {"rank": rank, "world": world, "steps": steps, "adam_steps": adam_steps,
               "digest": engine.rank_digest(), "finite": finite}
     if name == "fsdp":  # (here to share the launch) ranks that built different weights
-        from dalle_dist.model.init import HEAD_ELEMENTS
+        from dalle_dist.model.init import with_heads
 
         torch.manual_seed(rank)
-        heads = {name: p.detach().reshape(-1)[:HEAD_ELEMENTS]
-                 for name, p in Tiny().named_parameters()}  # as model.init.with_heads
+        heads: dict[str, bytes] = {}
+        for _ in with_heads(Tiny().named_parameters(), heads):  # as FSDP fills its shards
+            pass
         try:
             backend.check_same_weights(heads)  # type: ignore[attr-defined]
         except DalleDistError as error:

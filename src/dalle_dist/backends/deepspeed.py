@@ -312,7 +312,9 @@ def zero3_partitioned(module: nn.Module, weights: WeightStream, config: dict[str
         if not pending:
             pending.append(owner)
         meta = owner._parameters[own]
-        owner._parameters[own] = nn.Parameter(value.to(device, copy=True),
+        # No copy where the value already is (the CPU): the partition copies this rank's
+        # part out of it, and a checkpoint's memory-mapped value is read only there.
+        owner._parameters[own] = nn.Parameter(value.to(device),
                                               requires_grad=meta.requires_grad)
     if pending:
         partition(pending.pop())
@@ -493,7 +495,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
                                        or clip_grad_norm or 0.0)
         device = self.device
         if weights is not None and int(config["zero_optimization"]["stage"]) == 3:
-            heads: dict[str, torch.Tensor] = {}
+            heads: dict[str, bytes] = {}
             module = zero3_partitioned(module, with_heads(weights, heads), config, device)
             self.check_same_weights(heads)
         else:

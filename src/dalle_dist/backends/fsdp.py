@@ -78,7 +78,7 @@ def rank_chunk(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 
 def shard_onto(module: nn.Module, units: Sequence[nn.Module | list[nn.Module]],
                device: torch.device, policy: MixedPrecisionPolicy, rank: int,
-               world_size: int, weights: WeightStream | None = None) -> dict[str, torch.Tensor]:
+               world_size: int, weights: WeightStream | None = None) -> dict[str, bytes]:
     """Shard `module` over `world_size` ranks on `device`, in place: each rank allocates
     and fills only its own shards. Returns the first elements of each full value, for the
     ranks to compare (model.init.with_heads).
@@ -107,7 +107,7 @@ def shard_onto(module: nn.Module, units: Sequence[nn.Module | list[nn.Module]],
     fully_shard(module, mesh=mesh, mp_policy=policy)
     module.to_empty(device=device)
     params: dict[str, nn.Parameter] = dict(module.named_parameters())
-    heads: dict[str, torch.Tensor] = {}
+    heads: dict[str, bytes] = {}
     with torch.no_grad():
         for name, full in with_heads(weights, heads):
             local, chunk = params.pop(name).to_local(), rank_chunk(full, rank, world_size)
