@@ -145,10 +145,12 @@ def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_pa
         check_carried_vqgan(payload["configs"]["vae"], taming, flag, path)
     config, vae, tok = dalle_parts(payload, tokenizer, f"{flag} {path}")
     # Built on the meta device and given the file's tensors (assign): no random weights are
-    # drawn only to be overwritten, and the one copy made is the cast onto the device.
+    # drawn only to be overwritten, and the one copy made is the cast onto the device (to
+    # fp32 without --precision, as a file of 16-bit weights was read before).
     model = on_meta(lambda: DALLE(config))
     model.load_state_dict(payload["weights"], assign=True)
-    return Sampler(model.to(device=device, dtype=dtype).eval(), vae.to(device).eval(), tok)
+    model = model.to(device=device, dtype=dtype or torch.float32)
+    return Sampler(model.eval(), vae.to(device).eval(), tok)
 
 
 def split_prompts(text: str) -> list[str]:

@@ -103,9 +103,10 @@ def inference_model(task: Task, engine: Engine, backend: DistributedBackend) -> 
         return None
     model = task.build_model()
     if any(param.is_meta for param in model.parameters()):
-        # The gathered CPU tensors become the weights: no second full copy is allocated.
+        # The gathered CPU tensors become the weights: no second full copy is allocated
+        # (fp32 ones are moved as they are; 16-bit ones, DeepSpeed fp16's, are cast).
         model.load_state_dict(state, assign=True)
-        return model.to(backend.device)
+        return model.to(backend.device, torch.float32)
     model = model.to(backend.device)
     model.load_state_dict(state)
     return model
