@@ -21,11 +21,7 @@ import torch
 from torch import nn
 
 from dalle_dist.backends.config import DistributedConfig
-from dalle_dist.backends.engine import (
-    Engine,
-    OptimizerFactory,
-    SchedulerFactory,
-)
+from dalle_dist.backends.engine import Engine, OptimizerFactory, SchedulerFactory
 from dalle_dist.backends.placement import check_explicit_gpu, rank_device
 from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.precision import Precision, apex_amp

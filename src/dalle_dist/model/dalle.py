@@ -94,7 +94,8 @@ class DALLE(nn.Module):
         (model.init.initial_weights), the same on every backend and world size."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
             for name, param in module.named_parameters(recurse=False):
-                param.copy_(initial_value(module, name, param.shape))
+                if not param.is_meta:  # built on the meta device: nothing to fill
+                    param.copy_(initial_value(module, name, param.shape))
 
     # -- embedding -------------------------------------------------------------------
 

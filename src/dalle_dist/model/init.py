@@ -29,13 +29,14 @@ WeightStream = Iterator[tuple[str, torch.Tensor]]
 
 def initial_value(module: nn.Module, name: str, shape: torch.Size,
                   generator: torch.Generator | None = None) -> torch.Tensor:
-    """The initial value of `module`'s own parameter `name`, on the CPU in fp32."""
+    """The initial value of `module`'s own parameter `name`, on the CPU in fp32 (whatever
+    default device is set: a CPU generator draws it)."""
     if isinstance(module, (nn.Linear, nn.Embedding)) and name == "weight":
-        return torch.empty(shape).normal_(0.0, INIT_STD, generator=generator)
+        return torch.empty(shape, device="cpu").normal_(0.0, INIT_STD, generator=generator)
     if isinstance(module, nn.Linear) and name == "bias":
-        return torch.zeros(shape)
+        return torch.zeros(shape, device="cpu")
     if isinstance(module, nn.LayerNorm):
-        return (torch.ones if name == "weight" else torch.zeros)(shape)
+        return (torch.ones if name == "weight" else torch.zeros)(shape, device="cpu")
     raise TypeError(f"no initial value for {type(module).__name__}.{name}: "
                     "say how model/init.py initialises it")
 
