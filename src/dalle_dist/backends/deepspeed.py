@@ -300,24 +300,24 @@ def zero3_partitioned(module: nn.Module, weights: WeightStream, config: dict[str
     from deepspeed.runtime.zero.partition_parameters import Init
 
     owners = {name: (owner, own) for name, owner, own in owned_parameters(module)}
-    pending: list[nn.Module] = []
+    filling: nn.Module | None = None  # the module whose parameters are being filled
 
     def partition(owner: nn.Module) -> None:
         Init(module=owner, config_dict_or_path=config, mem_efficient_linear=False)
 
     for name, value in weights:
         owner, own = owners.pop(name)
-        if pending and pending[-1] is not owner:
-            partition(pending.pop())
-        if not pending:
-            pending.append(owner)
+        if owner is not filling:
+            if filling is not None:
+                partition(filling)
+            filling = owner
         meta = owner._parameters[own]
         # No copy where the value already is (the CPU): the partition copies this rank's
         # part out of it, and a checkpoint's memory-mapped value is read only there.
         owner._parameters[own] = nn.Parameter(value.to(device),
                                               requires_grad=meta.requires_grad)
-    if pending:
-        partition(pending.pop())
+    if filling is not None:
+        partition(filling)
     if owners:
         raise RuntimeError(f"no value for {sorted(owners)[:5]}")
     whole = [name for name, param in module.named_parameters() if not hasattr(param, "ds_id")]

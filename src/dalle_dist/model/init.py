@@ -87,6 +87,11 @@ def checkpoint_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> Weig
     return ((name, state[name]) for name in names)
 
 
+def built_on_meta(model: nn.Module) -> bool:
+    """Whether `model` still waits for its values (built by on_meta, not yet filled)."""
+    return any(param.is_meta for param in model.parameters())
+
+
 def on_meta(build: Callable[[], nn.Module]) -> nn.Module:
     """`build()` on the meta device: shapes and structure, no storage, no random draws."""
     with torch.device("meta"):

@@ -45,7 +45,7 @@ from dalle_dist.errors import ConfigError, DataError, OutputError, Stopped
 from dalle_dist.model import DALLEConfig, VAEConfig
 from dalle_dist.model.attention_paths import flex_dropout_error
 from dalle_dist.model.config import ComputeConfig
-from dalle_dist.model.init import WeightStream, checkpoint_weights
+from dalle_dist.model.init import WeightStream, built_on_meta, checkpoint_weights
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
 from dalle_dist.train.compile import DEFAULT_BACKEND, check_compile
 from dalle_dist.train.config import ResumeConfig, RunPaths, TrackerConfig, TrainConfig
@@ -135,7 +135,7 @@ def model_weights(task: Task, payload: dict[str, Any] | None) -> WeightStream | 
     stream when the model was built on the meta device (the backend places them, FSDP
     each rank its own shards); a model built with values loads a checkpoint's here."""
     saved = None if payload is None else payload["weights"]
-    if not any(param.is_meta for param in task.model.parameters()):
+    if not built_on_meta(task.model):
         if saved is not None:
             task.model.load_state_dict(saved)
         return None
@@ -223,9 +223,9 @@ class RunSetup:
         the batch logged, optimizer, RNG and position restored, then the loop; returns
         the trained engine."""
         backend, train_cfg, log, payload = self.backend, self.train_cfg, self.log, self.payload
-        built_on_meta = any(param.is_meta for param in task.model.parameters())
+        meta = built_on_meta(task.model)
         engine = distribute(task, backend, train_cfg, payload)
-        if built_on_meta and engine.shards_parameters:
+        if meta and engine.shards_parameters:
             log.info("the model was built on the meta device: each rank "
                      f"{'loaded' if payload is not None else 'initialised'} its own shards")
         log.info(f"{headline}, {train_cfg.epochs} epochs of {len(loader)} steps at "

@@ -24,6 +24,7 @@ from dalle_dist.checkpoint.format import LoopState
 from dalle_dist.data import EpochLoader, WebDatasetLoader
 from dalle_dist.data.images import save_png
 from dalle_dist.errors import DataError, Stopped
+from dalle_dist.model.init import built_on_meta
 from dalle_dist.train.config import RunPaths, TrainConfig
 from dalle_dist.train.preemption import stop_on_signals, stop_requested, stop_signal_name
 from dalle_dist.train.run_log import RunLog
@@ -102,7 +103,7 @@ def inference_model(task: Task, engine: Engine, backend: DistributedBackend) -> 
     if not backend.is_root:
         return None
     model = task.build_model()
-    if any(param.is_meta for param in model.parameters()):
+    if built_on_meta(model):
         # The gathered CPU tensors become the weights: no second full copy is allocated
         # (fp32 ones are moved as they are; 16-bit ones, DeepSpeed fp16's, are cast).
         model.load_state_dict(state, assign=True)
