@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from filelock import FileLock
@@ -51,7 +51,7 @@ RANK_FILES = frozenset(f"tests/{name}.py" for name in (
     "backends/test_cross_resume", "backends/test_sharing", "backends/test_clipping",
     "backends/test_host_syncs", "backends/test_errors", "backends/test_fp16_agreement",
     "backends/test_node_local_files", "backends/test_multinode", "backends/test_compile",
-    "test_selftest",
+    "backends/test_sharded_checkpoints", "test_selftest",
 ))
 #: The longest of them, and those that time a wait (a hung peer, a run stopped after step
 #: k): under pytest-xdist (`make test`) one worker runs them first and in this order, so
@@ -60,6 +60,7 @@ RANK_FILES = frozenset(f"tests/{name}.py" for name in (
 ONE_AT_A_TIME = tuple(f"tests/backends/{name}.py" for name in (
     "test_peer_failures", "test_ds_checkpoints", "test_default_path", "test_equivalence",
     "test_accumulation", "test_sharing", "test_precision", "test_cross_resume",
+    "test_sharded_checkpoints",
 ))
 #: The single-process files that take most of a minute or more (marked `slow`, which
 #: `make test-quick` leaves out too): queued next, so that none of them is left for the
@@ -230,6 +231,19 @@ def sharp_dalle(tiny_dalle: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return build_once(tmp_path_factory, "sharp_dalle", build) / "dalle.pt"
 
 
+def saved_checkpoint(path: Path) -> dict[str, Any]:
+    """What a run saved under the output name `path` (NAME.pt) as a single file's payload:
+    the file itself, or the newest save of NAME-sharded/ (fsdp's default format) read
+    whole, optimizer included."""
+    import torch
+
+    from dalle_dist.checkpoint.sharded_dir import read_sharded_whole, sharded_checkpoint_dir
+
+    if path.is_file():
+        return torch.load(path, weights_only=True)
+    return read_sharded_whole(sharded_checkpoint_dir(path), "test")
+
+
 @pytest.fixture(scope="session")
 def trained(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Run]:
     """(backend name or "single", precision, *extra flags) -> its finished `train` run,
@@ -241,7 +255,6 @@ def trained(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Callabl
     run, and the checkpoint command's tests read the DeepSpeed fp32 runs' directories
     (tests/backends/runs.py says how each is launched). Tests only read a run's folder.
     """
-    import torch
 
     from tests.backends.runs import BATCH, COMMON, RUNS, Run, batch_flag, metric_records
 
@@ -273,7 +286,7 @@ def trained(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Callabl
         folder = build_once(tmp_path_factory, f"trained-{label}", build)
         done[key] = Run((folder / "launch.log").read_text(),
                         metric_records(folder / "dalle.metrics.jsonl"),
-                        torch.load(folder / "dalle.pt", weights_only=True), folder)
+                        saved_checkpoint(folder / "dalle.pt"), folder)
         return done[key]
     return get
 

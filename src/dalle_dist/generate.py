@@ -140,7 +140,7 @@ def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_pa
             raise ConfigError(f"{flag} {path} is an export of a VAE, not of a DALL-E",
                               "export the DALL-E checkpoint")
     else:
-        payload = load_checkpoint(str(path), flag, "dalle")
+        payload = load_checkpoint(str(path), flag, "dalle", with_optimizer=False)
     if taming is not None:
         check_carried_vqgan(payload["configs"]["vae"], taming, flag, path)
     config, vae, tok = dalle_parts(payload, tokenizer, f"{flag} {path}")

@@ -1,4 +1,6 @@
-"""A single-file checkpoint written by one backend resumes on another, optimizer included.
+"""A single-file checkpoint written by one backend resumes on another, optimizer included
+(--checkpoint_format full on fsdp, whose default is sharded: tests/backends/
+test_sharded_checkpoints.py resumes those).
 
 Every backend saves the optimizer state keyed by parameter name, so Adam's moments move
 between a plain module, DDP, FSDP's sharded DTensors and Horovod. One epoch on backend A,
@@ -39,7 +41,8 @@ def run_on(backend: str, *args: str, cwd: Path) -> str:
         result = launch.horovodrun("train", *args, "--distributed_backend", "horovod",
                                    "--batch_size", str(BATCH // 2), cwd=cwd)
     else:
-        result = launch.torchrun("train", *args, "--distributed_backend", backend,
+        full = ["--checkpoint_format", "full"] if backend == "fsdp" else []
+        result = launch.torchrun("train", *args, "--distributed_backend", backend, *full,
                                  "--batch_size", str(BATCH), cwd=cwd)
     text = launch.output(result)
     assert result.returncode == 0, text[-3000:]

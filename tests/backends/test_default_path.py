@@ -18,7 +18,7 @@ import torch
 
 from tests import launch
 from tests.backends.runs import assert_ranks_consistent
-from tests.conftest import run_cli
+from tests.conftest import run_cli, saved_checkpoint
 
 BACKENDS = ("single", "torch", "fsdp", "deepspeed", "horovod")
 DATA = ["--epochs", "1", "--shapes_count", "64", "--image_size", "8"]
@@ -52,7 +52,7 @@ def test_default_path(backend: str, tmp_path: Path) -> None:
     batch = ["--batch_size", "16"]
 
     text = succeeded(run(backend, "train-vae", *DATA, *batch, cwd=tmp_path, env=env), backend)
-    assert torch.load(tmp_path / "vae.pt", weights_only=True)["backend"] == backend
+    assert saved_checkpoint(tmp_path / "vae.pt")["backend"] == backend
 
     text = succeeded(run(backend, "train", *DATA, *batch, *DALLE, "--dalle_output_file_name",
                          "first", cwd=tmp_path, env=env), backend)
@@ -66,8 +66,7 @@ def test_default_path(backend: str, tmp_path: Path) -> None:
                          "second", cwd=tmp_path, env=env), backend)
     assert text.count("no --vae_path given: using the cached built-in VAE") == 1
     assert "training a VAE" not in text
-    first, second = (torch.load(tmp_path / f"{name}.pt", weights_only=True)
-                     for name in ("first", "second"))
+    first, second = (saved_checkpoint(tmp_path / f"{name}.pt") for name in ("first", "second"))
     for name, tensor in first["vae_weights"].items():
         assert torch.equal(tensor, second["vae_weights"][name]), name
 

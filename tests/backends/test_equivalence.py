@@ -33,7 +33,7 @@ from tests.backends.runs import (
     assert_weights_close,
     batch_flag,
 )
-from tests.conftest import TINY_VAE_FLAGS
+from tests.conftest import TINY_VAE_FLAGS, saved_checkpoint
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -66,7 +66,7 @@ def train_vae(name: str, folder: Path) -> dict[str, torch.Tensor]:
     text = launch.output(result)
     assert result.returncode == 0, text[-4000:]
     assert_ranks_consistent(name, text)
-    payload = torch.load(folder / "vae.pt", weights_only=True)
+    payload = saved_checkpoint(folder / "vae.pt")
     assert payload["kind"] == "vae" and payload["step"] == 64 // 16
     assert len(list((folder / "vae-samples").glob("step-*.png"))) == 2
     return payload["weights"]

@@ -175,10 +175,10 @@ def test_convert_refuses_existing_output_unless_forced(ds_run: Callable[[int], P
 
 def test_convert_refuses_what_is_not_a_deepspeed_dir(tiny_dalle: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.pt"
-    assert_user_error(run_cli("checkpoint", "convert", str(tiny_dalle), str(out)),
-                      f"DS_DIR {tiny_dalle} is already a single-file dalle checkpoint")
+    assert_user_error(run_cli("checkpoint", "convert", str(tiny_dalle), str(out), "--to", "file"),
+                      f"SOURCE {tiny_dalle} is already a single-file dalle checkpoint")
     assert_user_error(run_cli("checkpoint", "convert", str(tmp_path), str(out)),
-                      f"DS_DIR {tmp_path} is a folder with no 'latest' file")
+                      f"SOURCE {tmp_path} is a folder with no 'latest' file")
     assert_user_error(run_cli("checkpoint", "convert", str(tmp_path / "nope"), str(out)),
                       "does not exist")
     assert list(tmp_path.iterdir()) == []

@@ -59,6 +59,11 @@ class DistributedBackend(ABC):
     #: True when its engine keeps optimizer state in its own checkpoint format (a resumed
     #: run then reads that directory as it is instead of consolidating it)
     has_native_checkpoint: ClassVar[bool] = False
+    #: True when torch.distributed.checkpoint can save and load its engine's state (a
+    #: torch process group, or one process): --checkpoint_format sharded
+    saves_sharded: ClassVar[bool] = True
+    #: The format a run writes without --checkpoint_format (checkpoint/formats.py)
+    default_checkpoint_format: ClassVar[str] = "full"
     plan_terms: ClassVar[PlanTerms]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

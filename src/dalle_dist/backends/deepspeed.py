@@ -330,6 +330,7 @@ class DeepSpeedBackend(TorchDistributedBackend):
     name = "deepspeed"
     extra = "deepspeed"
     has_native_checkpoint = True
+    saves_sharded = False  # its own directory instead (checkpoint/formats.py: native)
     launch_hint = "deepspeed --num_gpus N --module dalle_dist train --deepspeed"
     # bf16 keeps the module fp32 under autocast; fp16 casts it (its fp16 section), module
     # docstring.

@@ -201,6 +201,37 @@ class Engine:
         scaler = self.precision.scaler.state_dict() if self.precision.scaler else None
         return {"scheduler": scheduler, "scaler": scaler}
 
+    def sharded_state(self, with_optimizer: bool = True) -> dict[str, Any]:
+        """The model's and optimizer's state in torch.distributed.checkpoint's form, keyed
+        by parameter name: this rank's own shards under FSDP (DTensors), the whole tensors
+        on replicas (DCP writes each replicated tensor once). DCP saves it from every rank
+        at once, and loads it back resharded to this run's ranks.
+
+        with_optimizer: include the optimizer. Before the first step it has no state:
+        a save leaves it out then; to load into, torch first creates it (a zero-gradient
+        step at learning rate 0, which moves no weight), so DCP has tensors to fill.
+        """
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        state: dict[str, Any] = {"model": get_model_state_dict(self.module)}
+        if with_optimizer:
+            state["optim"] = get_optimizer_state_dict(self.module, self.optimizer)
+        return state
+
+    def load_sharded_state(self, state: dict[str, Any]) -> None:
+        """sharded_state's dict, filled by DCP, back into the model and optimizer."""
+        from torch.distributed.checkpoint.state_dict import (
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        set_model_state_dict(self.module, state["model"])
+        if "optim" in state:
+            set_optimizer_state_dict(self.module, self.optimizer, state["optim"])
+
     def save_native(self, directory: Path, tag: str, client_state: dict[str, Any]) -> None:
         """Every rank writes its part of the engine's own checkpoint as `directory/tag`."""
         raise NotImplementedError(f"{type(self).__name__} has no checkpoint format of its own")

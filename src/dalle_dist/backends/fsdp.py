@@ -21,8 +21,10 @@ DTensor gradients through DTensor's `found_inf_reduce_handler`, which all-reduce
 with MAX over the mesh, so every rank skips the same steps (tests/backends/
 test_fp16_agreement.py proves it with an inf in one rank's gradient).
 
-Parameters become sharded DTensors, so the optimizer is built after sharding. Single-file
-checkpoints gather the full state on rank 0 (torch.distributed.checkpoint.state_dict).
+Parameters become sharded DTensors, so the optimizer is built after sharding. Checkpoints
+are sharded by default (each rank saves its own DTensor shards through DCP:
+checkpoint/sharded_dir.py); --checkpoint_format full gathers the full state on rank 0
+(torch.distributed.checkpoint.state_dict).
 
 FSDP2 and torch.distributed.checkpoint are imported where they are used: importing them
 costs about a second of CPU, which every `dalle-dist` process paid at start-up when this
@@ -166,6 +168,7 @@ class FSDPEngine(Engine):
 
 class FSDPBackend(TorchDistributedBackend):
     name = "fsdp"
+    default_checkpoint_format = "sharded"  # no rank gathers the whole model to save
     plan_terms = PlanTerms("FSDP", cost_rank=(6,), sharding="fully_shard")
 
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,

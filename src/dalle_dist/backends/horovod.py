@@ -71,6 +71,7 @@ class HorovodEngine(Engine):
 
 class HorovodBackend(DistributedBackend):
     name = "horovod"
+    saves_sharded = False  # no torch.distributed process group for DCP
     extra = "horovod"
     launch_hint = ("horovodrun -np N python -m dalle_dist train --distributed_backend horovod "
                    "(Horovod 0.28.1 needs scripts/build_horovod.sh against current torch)")

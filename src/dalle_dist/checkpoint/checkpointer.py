@@ -12,10 +12,12 @@ keep_latest_k. A run saves
 - when a rank was asked to stop (preemption), right after that step;
 - at every epoch's end, the last of which is the end of the run.
 
-Where it writes is the engine's business only in what it holds: a DeepSpeed engine keeps
-its optimizer partitions in `<name>-ds-cp/` (checkpoint/deepspeed_dir.py), every other
-engine writes one file (checkpoint/single_file.py); `keep_n` (--keep_n_checkpoints)
-prunes either kind.
+Where it writes is the format's business (--checkpoint_format, checkpoint/formats.py): a
+DeepSpeed engine keeps its optimizer partitions in `<name>-ds-cp/`
+(checkpoint/deepspeed_dir.py); `sharded` has every rank write its own shards to
+`<name>-sharded/` through DCP (checkpoint/sharded_dir.py), in the background with
+--async_checkpoint; `full` gathers one file on the root (checkpoint/single_file.py).
+`keep_n` (--keep_n_checkpoints) prunes every kind.
 
 A DeepSpeed engine's periodic saves (every N steps, and the ends of epochs before the
 last) write its tag alone: the single file `NAME.pt` beside the directory needs the whole
@@ -33,9 +35,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dalle_dist.backends import DistributedBackend, Engine
-from dalle_dist.checkpoint.deepspeed_dir import save_ds_checkpoint
+from dalle_dist.checkpoint.deepspeed_dir import ds_checkpoint_dir, save_ds_checkpoint
 from dalle_dist.checkpoint.format import LoopState, checkpoint_meta
+from dalle_dist.checkpoint.formats import FULL, NATIVE, SHARDED
 from dalle_dist.checkpoint.rng import capture_rng
+from dalle_dist.checkpoint.sharded_dir import (
+    PendingSave,
+    save_sharded,
+    sharded_checkpoint_dir,
+)
 from dalle_dist.checkpoint.single_file import save_single_file
 
 
@@ -58,14 +66,31 @@ class Checkpointer:
                  keep_n: int | None = None, save_first: bool = True,
                  after_first_save: Callable[[], None] | None = None,
                  epochs: int | None = None,
-                 on_save: Callable[[int], None] | None = None) -> None:
+                 on_save: Callable[[int], None] | None = None,
+                 checkpoint_format: str | None = None,
+                 asynchronous: bool = False) -> None:
         """path: the single file `NAME.pt` (a DeepSpeed run also writes `NAME-ds-cp/`);
         every_n_steps: 0 saves at epoch ends only; keep_n: None keeps the newest single
         file and every DeepSpeed tag; save_first: False when resuming from this run's
         own newest checkpoint; epochs: the run's number of epochs, so the save after the
         last is known as the end (None: every epoch end is treated as one); on_save:
         called on the root with the step after each complete save (the loss plot is
-        redrawn there), after `after_first_save` at the first."""
+        redrawn there), after `after_first_save` at the first; checkpoint_format: full,
+        sharded or native (None: native for an engine that has its own, else full);
+        asynchronous: sharded saves are written in the background (--async_checkpoint).
+
+        Collective when asynchronous on several ranks: the background writes get a gloo
+        process group of their own, created here on every rank."""
+        if checkpoint_format is None:
+            checkpoint_format = NATIVE if engine.has_native_checkpoint else FULL
+        self.format = checkpoint_format
+        self.asynchronous = asynchronous and checkpoint_format == SHARDED
+        self.process_group = None
+        if self.asynchronous and backend.world_size > 1:
+            import torch.distributed as dist
+
+            self.process_group = dist.new_group(backend="gloo")
+        self.pending: PendingSave | None = None
         self.path = path
         self.subject, self.engine, self.backend = subject, engine, backend
         self.every_n_steps, self.keep_n = every_n_steps, keep_n
@@ -81,21 +106,45 @@ class Checkpointer:
         announce: call on_save after it (before_first_step calls it itself, later).
         """
         backend, engine = self.backend, self.engine
+        self.wait()  # the previous background save first: one in flight at most
         with backend.waiting(f"the checkpoint save at step {state.step}"):
             rng = backend.all_gather_object(capture_rng(backend.device),
                                             "the RNG-state gather")
             meta = checkpoint_meta(self.subject.kind, self.subject.configs(), asdict(state),
                                    rng, backend.name, backend.world_size,
                                    precision=backend.precision_name,
+                                   checkpoint_format=self.format,
                                    **self.subject.extra_state())
-            if engine.has_native_checkpoint:
+            if self.format == NATIVE:
                 save_ds_checkpoint(engine, self.path, meta, self.keep_n,
                                    single_file=not periodic)
+            elif self.format == SHARDED:
+                self.pending = save_sharded(engine, self.path, meta, self.keep_n,
+                                            process_group=self.process_group,
+                                            asynchronous=self.asynchronous)
             else:
                 save_single_file(engine, self.path, meta, self.keep_n)
             backend.barrier("the barrier after the root's write")
         if announce:
             self._announce(state)
+
+    @property
+    def location(self) -> Path:
+        """What a resume or `generate` is given: the file, or the format's directory."""
+        if self.format == NATIVE:
+            return ds_checkpoint_dir(self.path)
+        if self.format == SHARDED:
+            return sharded_checkpoint_dir(self.path)
+        return self.path
+
+    def wait(self) -> None:
+        """Wait until a background save is on disk and `latest` names it (nothing to wait
+        for without --async_checkpoint). Called before the next save, and at the end of
+        the run or a stop: a process must not exit with shards unwritten."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            with self.backend.waiting(f"the background save of step {pending.step}"):
+                pending.wait()
 
     def _announce(self, state: LoopState) -> None:
         if self.on_save is not None and self.backend.is_root:

@@ -31,6 +31,7 @@ from dalle_dist.checkpoint.format import (
     read_checkpoint_file,
     write_checkpoint_file,
 )
+from dalle_dist.checkpoint.sharded_dir import is_sharded_dir
 from dalle_dist.errors import CheckpointError
 from dalle_dist.fileio import atomic_writer, quiet_output
 
@@ -82,9 +83,13 @@ def tag_step(tag: str) -> int | None:
 
 
 def is_ds_checkpoint_dir(path: str | Path) -> bool:
+    """A folder with DeepSpeed's `latest` or a `global_stepN` tag (a sharded directory's
+    `latest` names a `step-N` save instead: checkpoint/sharded_dir.py)."""
     path = Path(path)
-    return path.is_dir() and ((path / LATEST_FILE).is_file() or
-                              any(tag_step(p.name) is not None for p in path.iterdir()))
+    if not path.is_dir() or is_sharded_dir(path):
+        return False
+    return (path / LATEST_FILE).is_file() or any(tag_step(p.name) is not None
+                                                 for p in path.iterdir())
 
 
 def latest_tag(directory: Path, flag: str) -> str:

@@ -63,7 +63,7 @@ def export_checkpoint(path: str | Path, out: str | Path, force: bool = False,
     weights_path, json_path = export_paths(out)
     for target in (weights_path, json_path):
         check_output(target, "OUT", force)
-    payload = read_any_checkpoint(path, flag)
+    payload = read_any_checkpoint(path, flag, with_optimizer=False)
     verify_payload(payload, flag, path)  # an export that cannot be loaded is no export
     tensors: dict[str, torch.Tensor] = {}
     seen: set[int] = set()

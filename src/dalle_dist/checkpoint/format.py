@@ -44,11 +44,15 @@ class LoopState:
     step: int = 0  # optimizer steps taken (each of --ga_steps micro-batches)
     batch: int = 0  # micro-batches done in the current epoch (saves fall on step boundaries)
     loss_sum: float = 0.0  # their summed loss, for the plateau scheduler at epoch end
+    #: samples of the current epoch trained on, over all ranks: where a resume with
+    #: another rank count or --ga_steps seeks to (None: written before it was recorded)
+    samples: int | None = 0
 
     @classmethod
     def from_checkpoint(cls, payload: dict) -> LoopState:
         return cls(epoch=payload["epoch"], step=payload["step"],
-                   batch=payload.get("batch", 0), loss_sum=payload.get("loss_sum", 0.0))
+                   batch=payload.get("batch", 0), loss_sum=payload.get("loss_sum", 0.0),
+                   samples=payload.get("samples"))
 
 
 def checkpoint_meta(kind: str, configs: dict[str, Any], position: dict[str, Any],

@@ -1,5 +1,5 @@
-"""Reading a checkpoint of either kind (single file or DeepSpeed directory), and the
-models it alone rebuilds.
+"""Reading a checkpoint of any kind (single file, sharded directory or DeepSpeed
+directory), and the models it alone rebuilds.
 
 A DALL-E checkpoint carries its VAE and tokenizer, so `dalle_parts` is all generate and a
 resumed run need; an export (checkpoint/export.py) reads back into the same payload form.
@@ -16,20 +16,34 @@ from dalle_dist.checkpoint.deepspeed_dir import (
     read_ds_meta,
 )
 from dalle_dist.checkpoint.format import check_kind, read_checkpoint_file
+from dalle_dist.checkpoint.sharded_dir import (
+    is_sharded_dir,
+    read_sharded_meta,
+    read_sharded_whole,
+)
 from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.data.tokenizer import Tokenizer, resolve_tokenizer
 from dalle_dist.errors import CheckpointError
 from dalle_dist.model import DALLEConfig, ImageTokenizer, image_tokenizer_from_dict
 
 
-def read_any_checkpoint(path: str | Path, flag: str, keep_ds_dir: bool = False
+def read_any_checkpoint(path: str | Path, flag: str, keep_ds_dir: bool = False,
+                        keep_sharded: bool = False, with_optimizer: bool = True
                         ) -> dict[str, Any]:
-    """A single file's payload, or a DeepSpeed directory's metadata with its weights
-    consolidated to fp32 (no optimizer state: that stays in DeepSpeed's partitions).
+    """A single file's payload; a sharded directory's newest save read whole (fp32
+    weights, the optimizer by parameter name); or a DeepSpeed directory's metadata with its
+    weights consolidated to fp32 (no optimizer state: that stays in DeepSpeed's partitions).
 
     keep_ds_dir: leave a DeepSpeed directory unconsolidated (`ds_dir`, `ds_tag`, no
-    weights), for the deepspeed backend to load itself.
+    weights), for the deepspeed backend to load itself. keep_sharded: leave a sharded
+    directory unread (`sharded_dir`, no weights), for an engine that loads its own shards
+    (checkpoint/sharded_dir.load_into_engine). with_optimizer: False reads a sharded
+    directory's weights alone (generate, export).
     """
+    if is_sharded_dir(path):
+        if keep_sharded:
+            return {**read_sharded_meta(path, flag), "weights": None, "optimizer": None}
+        return read_sharded_whole(path, flag, with_optimizer)
     if not is_ds_checkpoint_dir(path):
         return read_checkpoint_file(path, flag)
     meta = read_ds_meta(path, flag)
@@ -40,10 +54,10 @@ def read_any_checkpoint(path: str | Path, flag: str, keep_ds_dir: bool = False
     return {**rest, "weights": weights, "optimizer": None}
 
 
-def load_checkpoint(path: str | Path, flag: str, kind: str, keep_ds_dir: bool = False
-                    ) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, flag: str, kind: str, keep_ds_dir: bool = False,
+                    keep_sharded: bool = False, with_optimizer: bool = True) -> dict[str, Any]:
     """Read a checkpoint and insist it is of `kind`, naming the right flag when it is not."""
-    payload = read_any_checkpoint(path, flag, keep_ds_dir)
+    payload = read_any_checkpoint(path, flag, keep_ds_dir, keep_sharded, with_optimizer)
     check_kind(payload, path, flag, kind)
     return payload
 

@@ -3,9 +3,10 @@ fresh run may replace.
 
 `--resume auto` takes the newest complete checkpoint beside the output name: the
 single file `<name>.pt` (always complete: it is replaced by rename), earlier ones kept by
---keep_n_checkpoints, and the DeepSpeed directory `<name>-ds-cp/` (complete up to the tag
-`latest` names). The DeepSpeed directory wins a tie: it holds fp32 master weights and the
-optimizer state, which the single file of a DeepSpeed run lacks.
+--keep_n_checkpoints, the sharded directory `<name>-sharded/` and the DeepSpeed directory
+`<name>-ds-cp/` (each complete up to the save `latest` names). A directory wins a tie
+with the file: the DeepSpeed one holds fp32 master weights and the optimizer state, which
+the single file of a DeepSpeed run lacks.
 
 A run that does not continue its output's own checkpoint never replaces one silently: it
 stops before writing anything unless --overwrite is given, and then the earlier run's
@@ -37,6 +38,12 @@ from dalle_dist.checkpoint.deepspeed_dir import (
 from dalle_dist.checkpoint.format import KIND_NAMES, LoopState, read_checkpoint_file
 from dalle_dist.checkpoint.load import load_checkpoint
 from dalle_dist.checkpoint.rng import restore_rank_rng
+from dalle_dist.checkpoint.sharded_dir import (
+    is_sharded_dir,
+    load_into_engine,
+    read_sharded_meta,
+    sharded_checkpoint_dir,
+)
 from dalle_dist.checkpoint.single_file import HISTORY_PATTERN, history_dir
 from dalle_dist.errors import CheckpointError, ConfigError
 from dalle_dist.fileio import ensure_writable_file
@@ -84,10 +91,13 @@ def _position(meta: dict[str, Any]) -> tuple[int, int, int]:
 def newest_checkpoint(paths: OutputFiles, log: Log) -> Path | None:
     """The newest complete checkpoint of this output name, None when there is none."""
     found: list[tuple[tuple[int, int, int], int, Path]] = []
-    directory = ds_checkpoint_dir(paths.checkpoint)
-    if is_ds_checkpoint_dir(directory):
+    for directory, is_kind, read_meta in (
+            (ds_checkpoint_dir(paths.checkpoint), is_ds_checkpoint_dir, read_ds_meta),
+            (sharded_checkpoint_dir(paths.checkpoint), is_sharded_dir, read_sharded_meta)):
+        if not is_kind(directory):
+            continue
         try:
-            found.append((_position(read_ds_meta(directory, "--resume")), 1, directory))
+            found.append((_position(read_meta(directory, "--resume")), 1, directory))
         except CheckpointError as exc:
             log.info(f"warning: skipping {directory}: {exc}")
     files = [paths.checkpoint]
@@ -109,7 +119,8 @@ def newest_checkpoint(paths: OutputFiles, log: Log) -> Path | None:
 
 def is_own_checkpoint(source: Path, paths: OutputFiles) -> bool:
     """True when `source` is this run's newest output (no need to save it again first)."""
-    own = {paths.checkpoint.resolve(), ds_checkpoint_dir(paths.checkpoint).resolve()}
+    own = {paths.checkpoint.resolve(), ds_checkpoint_dir(paths.checkpoint).resolve(),
+           sharded_checkpoint_dir(paths.checkpoint).resolve()}
     return source.resolve() in own
 
 
@@ -124,7 +135,8 @@ def belongs_to_output(source: Path, paths: OutputFiles) -> bool:
 def _stores(paths: OutputFiles) -> list[Path]:
     """Where an output name keeps checkpoints, those that exist."""
     history = history_dir(paths.checkpoint)
-    found = [p for p in (paths.checkpoint, ds_checkpoint_dir(paths.checkpoint)) if p.exists()]
+    found = [p for p in (paths.checkpoint, ds_checkpoint_dir(paths.checkpoint),
+                         sharded_checkpoint_dir(paths.checkpoint)) if p.exists()]
     if history.is_dir() and any(HISTORY_PATTERN.match(p.name) for p in history.iterdir()):
         found.append(history)
     return found
@@ -139,11 +151,14 @@ def describe_existing(paths: OutputFiles, log: Log) -> str | None:
     if newest is None:
         return (f"{stores[0]} already exists and is not a readable dalle_dist checkpoint, "
                 "so a new run would replace it")
-    meta = (read_ds_meta(newest, "--resume") if newest.is_dir()
-            else read_checkpoint_file(newest, "--resume"))
+    if is_sharded_dir(newest):
+        meta, what = read_sharded_meta(newest, "--resume"), " (sharded directory)"
+    elif newest.is_dir():
+        meta, what = read_ds_meta(newest, "--resume"), " (DeepSpeed directory)"
+    else:
+        meta, what = read_checkpoint_file(newest, "--resume"), ""
     kind = KIND_NAMES.get(meta.get("kind"), "a")
-    deepspeed = " (DeepSpeed directory)" if newest.is_dir() else ""
-    return (f"{newest}{deepspeed} already holds {kind} checkpoint at step {meta['step']} "
+    return (f"{newest}{what} already holds {kind} checkpoint at step {meta['step']} "
             f"(epoch {meta['epoch']}), so a new run would replace it")
 
 
@@ -159,8 +174,9 @@ class Leftovers:
     """
 
     files: list[tuple[Path, tuple[int, int]]] = field(default_factory=list)
-    ds_dir: Path | None = None
-    ds_latest: tuple[int, int] | None = None  # `latest`: unchanged if the new run is not DeepSpeed
+    #: checkpoint directories (DeepSpeed's, sharded) with their `latest` file's identity:
+    #: a directory whose `latest` the new run never moved is the earlier run's
+    directories: list[tuple[Path, tuple[int, int]]] = field(default_factory=list)
 
     @classmethod
     def of(cls, paths: OutputFiles) -> Leftovers:
@@ -171,18 +187,19 @@ class Leftovers:
             candidates += [p for p in history.iterdir() if HISTORY_PATTERN.match(p.name)]
         if paths.samples.is_dir():
             candidates += sorted(paths.samples.glob("*.png"))
-        directory = ds_checkpoint_dir(paths.checkpoint)
-        if directory.is_dir():
-            kept.ds_dir = directory
-            kept.ds_latest = _identity(directory / LATEST_FILE)
-            candidates += list(directory.iterdir())
+        for directory in (ds_checkpoint_dir(paths.checkpoint),
+                          sharded_checkpoint_dir(paths.checkpoint)):
+            if directory.is_dir():
+                kept.directories.append((directory, _identity(directory / LATEST_FILE)))
+                candidates += list(directory.iterdir())
         kept.files = [(p, _identity(p)) for p in candidates if p.exists()]
         return kept
 
     def discard(self, log: Log) -> None:
         """Remove what is still the earlier run's; the new run's first save is complete."""
-        if self.ds_dir is not None and _identity(self.ds_dir / LATEST_FILE) == self.ds_latest:
-            shutil.rmtree(self.ds_dir, ignore_errors=True)  # this run is not DeepSpeed
+        for directory, latest in self.directories:
+            if _identity(directory / LATEST_FILE) == latest:
+                shutil.rmtree(directory, ignore_errors=True)  # this run writes another kind
         removed = 0
         for path, identity in self.files:
             if _identity(path) != identity:
@@ -279,17 +296,48 @@ def read_start(start: Start, kind: str, backend: DistributedBackend, log: Log
     (read_checkpoint_file).
 
     The deepspeed backend gets a DeepSpeed directory unconsolidated: it loads its own
-    partitions (load_ds_checkpoint)."""
+    partitions (load_ds_checkpoint). A sharded directory is left unread where the backend
+    loads DCP shards (each rank then reads its own: restore_training), else read whole."""
     if start.source is None:
         return None
     source = start.source
     payload = backend.everywhere("the checkpoint load", lambda: load_checkpoint(
-        source, start.flag, kind, keep_ds_dir=backend.has_native_checkpoint))
+        source, start.flag, kind, keep_ds_dir=backend.has_native_checkpoint,
+        keep_sharded=backend.saves_sharded))
     within = f", {payload['batch']} batches into the next" if payload.get("batch") else ""
     log.info(f"resuming {source} at step {payload['step']} (epoch {payload['epoch']}"
              f"{within})")
     payload["loaded_from"] = source
     return payload
+
+
+def seek_in_epoch(state: LoopState, payload: dict[str, Any], backend: DistributedBackend,
+                  batch_size: int, log: Log) -> None:
+    """Where in its epoch a resumed run goes on, in this run's micro-batches per rank.
+
+    The sample order is a function of the seed, the epoch and the global sample index
+    alone (data/loader.py), so the position is the number of samples the epoch has
+    trained on over all ranks: a resume on another number of ranks or --ga_steps (with the
+    same global batch) sees the very batches the interrupted run would have. A checkpoint
+    written before that count was kept is moved by its --batch_size instead."""
+    micro = backend.rank_batch_size(batch_size) * backend.world_size  # global micro-batch
+    if state.samples is not None:
+        if state.samples % micro:
+            log.info(f"warning: the checkpoint stopped {state.samples} samples into its "
+                     f"epoch, not a whole number of this run's micro-batches of {micro}: "
+                     f"the epoch goes on from sample {state.samples // micro * micro}")
+        if state.samples // micro != state.batch:
+            log.info(f"the epoch goes on from sample {state.samples} (micro-batch "
+                     f"{state.samples // micro} of each rank: the split differs from the "
+                     "checkpoint's)")
+        state.batch = state.samples // micro
+        return
+    saved_batch = payload["configs"].get("train", {}).get("batch_size", batch_size)
+    if state.batch and saved_batch != batch_size:
+        state.batch = state.batch * saved_batch // batch_size
+        log.info(f"warning: --batch_size {batch_size} differs from the "
+                 f"checkpoint's {saved_batch}: the epoch goes on from batch {state.batch}")
+    state.samples = state.batch * micro
 
 
 def restore_training(payload: dict[str, Any], engine: Engine, backend: DistributedBackend,
@@ -303,14 +351,15 @@ def restore_training(payload: dict[str, Any], engine: Engine, backend: Distribut
     why = engine.load_training_state(payload)
     if "ds_dir" in payload:
         load_ds_checkpoint(engine, payload, backend.world_size)
+    if "sharded_dir" in payload:
+        with backend.waiting("the sharded checkpoint load"):
+            with_optimizer = load_into_engine(engine, payload["sharded_dir"])
+        why = None if with_optimizer or payload.get("step", 0) == 0 else (
+            "the checkpoint holds none")
     if why:
         log.info(f"warning: the optimizer starts fresh ({why})")
     state = LoopState.from_checkpoint(payload)
-    saved_batch = payload["configs"].get("train", {}).get("batch_size", batch_size)
-    if state.batch and saved_batch != batch_size:
-        state.batch = state.batch * saved_batch // batch_size
-        log.info(f"warning: --batch_size {batch_size} differs from the "
-                 f"checkpoint's {saved_batch}: the epoch goes on from batch {state.batch}")
+    seek_in_epoch(state, payload, backend, batch_size, log)
     exact = restore_rank_rng(payload["rng"], backend.rank, backend.world_size,
                              seed + state.step, backend.device)
     if not exact:

@@ -1,10 +1,13 @@
-"""`dalle-dist checkpoint`: inspect, convert and verify checkpoints of either kind.
+"""`dalle-dist checkpoint`: inspect, convert and verify checkpoints of every kind.
 
 - inspect: metadata, configs, sizes and parameter counts without reading any weight (a
-  single file is memory-mapped and only tensor shapes and dtypes are looked at; a DeepSpeed
-  directory is described from its auxiliary.pt and file sizes; parameter counts come from
-  the model rebuilt on the `meta` device).
-- convert: a DeepSpeed directory of any ZeRO stage -> one single-file checkpoint (fp32).
+  single file is memory-mapped and only tensor shapes and dtypes are looked at; a sharded
+  directory is described from its meta.pt and DCP's metadata; a DeepSpeed directory from
+  its auxiliary.pt and file sizes; parameter counts come from the model rebuilt on the
+  `meta` device).
+- convert: a DeepSpeed directory of any ZeRO stage, or a sharded directory -> one
+  single-file checkpoint (fp32; a sharded one keeps its optimizer state), and a single
+  file -> a sharded directory.
 - verify: every weight's name and shape against the model its config describes, and
   every value finite.
 - export: see checkpoint/export.py.
@@ -12,6 +15,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,14 @@ from dalle_dist.checkpoint.deepspeed_dir import (
 )
 from dalle_dist.checkpoint.format import read_checkpoint_file, write_checkpoint_file
 from dalle_dist.checkpoint.load import read_any_checkpoint
+from dalle_dist.checkpoint.sharded_dir import (
+    META_FILE,
+    is_sharded_dir,
+    latest_save,
+    read_sharded_whole,
+    save_order,
+    write_sharded,
+)
 from dalle_dist.errors import CheckpointError, ConfigError, OutputError
 from dalle_dist.fileio import ensure_writable_file
 from dalle_dist.model import DALLE, DALLEConfig, image_tokenizer_from_dict
@@ -80,14 +92,21 @@ def parameter_count(model: nn.Module) -> int:
 
 def tensor_summary(state: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Counts from shapes and dtypes only (nothing of a memory-mapped tensor is paged in)."""
-    state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    return shape_summary({k: (v.shape, v.dtype) for k, v in state.items()
+                          if isinstance(v, torch.Tensor)})
+
+
+def shape_summary(shapes: dict[str, tuple[torch.Size, torch.dtype]]) -> dict[str, Any]:
+    """tensor_summary's counts from (shape, dtype) pairs: a sharded save's metadata."""
     dtypes: dict[str, int] = {}
-    for tensor in state.values():
-        name = str(tensor.dtype).removeprefix("torch.")
-        dtypes[name] = dtypes.get(name, 0) + tensor.numel()
-    return {"tensors": len(state), "elements": sum(t.numel() for t in state.values()),
-            "bytes": sum(t.numel() * t.element_size() for t in state.values()),
-            "dtypes": dtypes}
+    elements = nbytes = 0
+    for shape, dtype in shapes.values():
+        count = shape.numel()
+        name = str(dtype).removeprefix("torch.")
+        dtypes[name] = dtypes.get(name, 0) + count
+        elements += count
+        nbytes += count * dtype.itemsize
+    return {"tensors": len(shapes), "elements": elements, "bytes": nbytes, "dtypes": dtypes}
 
 
 def tree_size(path: Path) -> int:
@@ -116,6 +135,8 @@ def inspect_checkpoint(path: str | Path, flag: str = "PATH") -> dict[str, Any]:
     """What a checkpoint holds, as one JSON-ready dict (docs/checkpoints.md, "inspect", lists
     the keys). Reads metadata only: weights are never loaded."""
     path = Path(path)
+    if is_sharded_dir(path):
+        return _inspect_sharded(path, flag)
     is_ds = is_ds_checkpoint_dir(path)
     if is_ds:
         tag = latest_tag(path, flag)
@@ -131,15 +152,24 @@ def inspect_checkpoint(path: str | Path, flag: str = "PATH") -> dict[str, Any]:
         meta = read_checkpoint_file(path, flag)
         tag, tags, tag_sizes = None, [], {}
         optimizer = meta.get("optimizer") is not None
+    # A DeepSpeed directory's module weights stay in DeepSpeed's files, unread.
+    return _info(path, "deepspeed" if is_ds else "file", meta, flag, tag, tags, tag_sizes,
+                 optimizer, lambda: None)
+
+
+def _info(path: Path, layout: str, meta: dict[str, Any], flag: str, tag: str | None,
+          tags: list[str], tag_sizes: dict[str, int], optimizer: bool,
+          unsaved_weights: Any) -> dict[str, Any]:
+    """inspect_checkpoint's dict; unsaved_weights(): the summary of a model whose weights
+    are not in `meta` (a directory's)."""
     parameters, weights = {}, {}
     for name, config, state in weight_parts(meta, flag, path):
         parameters[name] = parameter_count(meta_model(name, config, flag, path))
-        # A DeepSpeed directory's module weights stay in DeepSpeed's files, unread.
-        weights[name] = tensor_summary(state) if isinstance(state, dict) else None
+        weights[name] = tensor_summary(state) if isinstance(state, dict) else unsaved_weights()
     configs = meta["configs"]
     return {
         "path": str(path),
-        "format": "deepspeed" if is_ds else "file",
+        "format": layout,
         "zero_stage": meta.get("zero_stage"),
         "tag": tag,
         "tags": tags,
@@ -162,6 +192,22 @@ def inspect_checkpoint(path: str | Path, flag: str = "PATH") -> dict[str, Any]:
     }
 
 
+def _inspect_sharded(path: Path, flag: str) -> dict[str, Any]:
+    """inspect_checkpoint for a sharded directory: our meta.pt, and the transformer's
+    shapes from DCP's metadata (no shard is read)."""
+    from dalle_dist.checkpoint.dcp_io import read_metadata, tensor_shapes
+
+    folder = latest_save(path, flag)
+    meta = read_checkpoint_file(folder / META_FILE, flag)
+    metadata = read_metadata(folder)
+    saves = sorted((p.name for p in path.iterdir() if p.is_dir() and save_order(p.name)),
+                   key=lambda name: save_order(name) or (0, 0))
+    optimizer = any(key.startswith("optim.") for key in metadata.state_dict_metadata)
+    return _info(path, "sharded", meta, flag, folder.name, saves,
+                 {name: tree_size(path / name) for name in saves}, optimizer,
+                 lambda: shape_summary(tensor_shapes(metadata, "model.")))
+
+
 def _config_line(config: dict[str, Any] | None) -> str:
     if not config:
         return "-"
@@ -181,6 +227,9 @@ def describe(info: dict[str, Any]) -> list[str]:
     if info["format"] == "deepspeed":
         layout = (f"DeepSpeed directory, ZeRO-{info['zero_stage']}, tag {info['tag']} "
                   f"(tags: {', '.join(info['tags'])})")
+    elif info["format"] == "sharded":
+        layout = (f"sharded directory (torch.distributed.checkpoint), save {info['tag']} "
+                  f"(saves: {', '.join(info['tags'])})")
     else:
         layout = "single file"
         if info["zero_stage"] is not None:
@@ -194,7 +243,8 @@ def describe(info: dict[str, Any]) -> list[str]:
         ("backend", f"{info['backend']}, world size {info['world_size']}"),
         ("written by", f"dalle_dist {info['package_version']}, checkpoint format "
                        f"{info['format_version']}"),
-        *([("converted from", f"{source['ds_dir']} tag {source['tag']}")] if source else []),
+        *([("converted from", f"{source.get('ds_dir') or source.get('path')} "
+                               f"{source.get('tag') or ''}".rstrip())] if source else []),
         ("model config", _config_line(info["configs"]["model"])),
         *([("vae config", _config_line(info["configs"]["vae"]))]
           if info["configs"]["vae"] else []),
@@ -212,45 +262,93 @@ def describe(info: dict[str, Any]) -> list[str]:
 # -- convert ----------------------------------------------------------------------------
 
 
-def _not_a_ds_dir(path: Path) -> CheckpointError:
-    """The one-line error for a DS_DIR that is something else, saying what it is."""
-    fix = "give the NAME-ds-cp/ folder a --deepspeed run wrote"
+#: What `convert` writes: one file, or a sharded directory.
+TO_FILE, TO_SHARDED = "file", "sharded"
+
+
+def _not_convertible(path: Path) -> CheckpointError:
+    """The one-line error for a SOURCE that is no checkpoint, saying what it is."""
+    fix = ("give a NAME-ds-cp/ or NAME-sharded/ folder a run wrote, or a single-file "
+           "checkpoint")
     if not path.exists():
-        return CheckpointError(f"DS_DIR {path} does not exist", "check the path")
-    if path.is_dir():
-        return CheckpointError(f"DS_DIR {path} is a folder with no 'latest' file and no "
-                               "global_stepN tag, not a DeepSpeed checkpoint directory", fix)
-    try:
-        kind = read_checkpoint_file(path, "DS_DIR")["kind"]
-    except CheckpointError:
-        return CheckpointError(f"DS_DIR {path} is a file, not a DeepSpeed checkpoint "
-                               "directory", fix)
-    return CheckpointError(f"DS_DIR {path} is already a single-file {kind} checkpoint, not a "
-                           "DeepSpeed directory", "nothing to convert: use it as it is")
+        return CheckpointError(f"SOURCE {path} does not exist", "check the path")
+    return CheckpointError(f"SOURCE {path} is a folder with no 'latest' file and no "
+                           "global_stepN or step-N save, not a checkpoint directory", fix)
 
 
-def convert_checkpoint(ds_dir: str | Path, out: str | Path, force: bool = False
-                       ) -> dict[str, Any]:
-    """Consolidate the newest tag of a DeepSpeed directory (any ZeRO stage) into one
-    single-file checkpoint at `out` (fp32 weights, no optimizer state); returns what
-    was written."""
-    ds_dir, out = Path(ds_dir), Path(out)
-    if not is_ds_checkpoint_dir(ds_dir):
-        raise _not_a_ds_dir(ds_dir)
-    check_output(out, "OUT", force)
+def convert_checkpoint(source: str | Path, out: str | Path, force: bool = False,
+                       to: str | None = None) -> dict[str, Any]:
+    """Turn one kind of checkpoint into another; returns what was written.
+
+    - the newest tag of a DeepSpeed directory (any ZeRO stage) -> one file (fp32 weights,
+      no optimizer state: zero_to_fp32 gathers the weights only);
+    - the newest save of a sharded directory -> one file, optimizer state included;
+    - a single file -> a sharded directory `out` (one save, as if one rank wrote it; DCP
+      reshards it to any number of ranks at the resume).
+    to: "file" or "sharded"; None: a file becomes sharded, a directory a file.
+    """
+    source, out = Path(source), Path(out)
+    is_file = source.is_file()
+    if not (is_file or is_ds_checkpoint_dir(source) or is_sharded_dir(source)):
+        raise _not_convertible(source)
+    to = to or (TO_SHARDED if is_file else TO_FILE)
+    if is_file and to == TO_FILE:
+        kind = read_checkpoint_file(source, "SOURCE")["kind"]
+        raise CheckpointError(f"SOURCE {source} is already a single-file {kind} checkpoint",
+                              "nothing to convert: use it as it is, or --to sharded")
+    # The output is checked before anything is read: consolidating can take minutes.
+    if to == TO_SHARDED:
+        check_output_dir(out, force)
+    else:
+        check_output(out, "OUT", force)
+    if is_file:
+        payload = {**read_checkpoint_file(source, "SOURCE"),
+                   "converted_from": {"path": str(source)}}
+    elif is_sharded_dir(source):
+        payload = {**read_sharded_whole(source, "SOURCE"),
+                   "converted_from": {"path": str(source),
+                                      "tag": latest_save(source, "SOURCE").name}}
+    else:
+        payload = _from_ds_dir(source)
+    if to == TO_SHARDED:
+        written = write_sharded(out, payload)
+        size, out_text = tree_size(out), f"{out} (save {written})"
+    else:
+        write_checkpoint_file(out, payload)
+        size, out_text = out.stat().st_size, str(out)
+    tensors = len(payload["weights"])
+    converted = payload.get("converted_from") or {}
+    return {"out": out_text, "to": to, "tag": converted.get("tag"), "step": payload.get("step"),
+            "zero_stage": payload.get("zero_stage"), "kind": payload["kind"],
+            "parameters": sum(t.numel() for t in payload["weights"].values()),
+            "tensors": tensors, "size_bytes": size,
+            "optimizer": payload.get("optimizer") is not None}
+
+
+def _from_ds_dir(ds_dir: Path) -> dict[str, Any]:
+    """A DeepSpeed directory's newest tag as a single file's payload (no optimizer)."""
     # keep_ds_dir: the metadata names the tag it describes; its weights come from that tag.
-    meta = read_any_checkpoint(ds_dir, "DS_DIR", keep_ds_dir=True)
+    meta = read_any_checkpoint(ds_dir, "SOURCE", keep_ds_dir=True)
     tag = meta["ds_tag"]
-    weights = consolidated_weights(ds_dir, tag, "DS_DIR")
+    weights = consolidated_weights(ds_dir, tag, "SOURCE")
     rest = {k: v for k, v in meta.items() if k not in ("ds_dir", "ds_tag")}
-    payload = {**rest, "weights": weights, "optimizer": None,
-               "converted_from": {"ds_dir": str(ds_dir), "tag": tag,
-                                  "zero_stage": meta.get("zero_stage")}}
-    write_checkpoint_file(out, payload)
-    return {"out": str(out), "tag": tag, "step": meta.get("step"),
-            "zero_stage": meta.get("zero_stage"), "kind": meta["kind"],
-            "parameters": sum(t.numel() for t in weights.values()),
-            "tensors": len(weights), "size_bytes": out.stat().st_size}
+    return {**rest, "weights": weights, "optimizer": None,
+            "converted_from": {"ds_dir": str(ds_dir), "tag": tag,
+                               "zero_stage": meta.get("zero_stage")}}
+
+
+def check_output_dir(path: Path, force: bool) -> None:
+    """A sharded OUT is a new folder, or (with --force) a sharded directory to replace."""
+    if path.exists():
+        if not force:
+            raise OutputError(f"OUT {path} already exists",
+                              "pass --force to replace it, or choose another name")
+        if not is_sharded_dir(path):
+            raise OutputError(f"OUT {path} exists and is not a sharded checkpoint "
+                              "directory: not replaced, even with --force",
+                              "choose another name")
+        shutil.rmtree(path)
+    ensure_writable_file(path / "latest", "OUT")
 
 
 # -- verify -----------------------------------------------------------------------------

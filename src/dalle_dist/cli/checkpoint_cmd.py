@@ -13,23 +13,31 @@ from dalle_dist.config_base import JsonOutput, add_flags
 
 
 def add_checkpoint(p: argparse.ArgumentParser) -> None:
-    p.description = ("Tools for dalle_dist checkpoints: a single NAME.pt file "
-                     "or a DeepSpeed NAME-ds-cp/ directory.")
+    p.description = ("Tools for dalle_dist checkpoints: a single NAME.pt file, a sharded "
+                     "NAME-sharded/ directory or a DeepSpeed NAME-ds-cp/ directory.")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     q = actions.add_parser("inspect", help="what a checkpoint holds, without reading weights",
                            description="Print kind, configs, step, backend, sizes and "
                                        "parameter counts. Weights are not read.")
-    q.add_argument("path", metavar="PATH", help="NAME.pt or NAME-ds-cp/")
+    q.add_argument("path", metavar="PATH", help="NAME.pt, NAME-sharded/ or NAME-ds-cp/")
     add_flags(q, JsonOutput)
     q.set_defaults(run=run_inspect)
 
-    q = actions.add_parser("convert", help="DeepSpeed directory -> single-file checkpoint",
-                           description="Consolidate the newest tag of a DeepSpeed directory "
-                                       "(any ZeRO stage) into one .pt file with fp32 weights "
-                                       "and no optimizer state. Needs DeepSpeed installed.")
-    q.add_argument("ds_dir", metavar="DS_DIR", help="NAME-ds-cp/ written by a --deepspeed run")
-    q.add_argument("out", metavar="OUT", help="the .pt file to write")
+    q = actions.add_parser("convert", help="a directory -> single file, or a file -> sharded",
+                           description="Turn the newest save of a sharded directory into one "
+                                       ".pt file (fp32 weights and the optimizer state), or "
+                                       "the newest tag of a DeepSpeed directory (any ZeRO "
+                                       "stage; needs DeepSpeed installed) into one with fp32 "
+                                       "weights and no optimizer state; or a single file into "
+                                       "a sharded directory, which any number of ranks "
+                                       "resumes.")
+    q.add_argument("source", metavar="SOURCE",
+                   help="NAME-sharded/ or NAME-ds-cp/ written by a run, or a NAME.pt file")
+    q.add_argument("out", metavar="OUT", help="the .pt file, or the sharded directory, to write")
+    q.add_argument("--to", choices=("file", "sharded"), default=None,
+                   help="what to write (default: sharded from a file, a file from a "
+                        "directory)")
     q.add_argument("--force", action="store_true", help="replace OUT if it exists")
     q.set_defaults(run=run_convert)
 
@@ -38,14 +46,14 @@ def add_checkpoint(p: argparse.ArgumentParser) -> None:
                                        "shape against the model its config describes (and "
                                        "the VAE a DALL-E carries) and that all values are "
                                        "finite. Exit 0 with 'ok: ...', else 2.")
-    q.add_argument("path", metavar="PATH", help="NAME.pt or NAME-ds-cp/")
+    q.add_argument("path", metavar="PATH", help="NAME.pt, NAME-sharded/ or NAME-ds-cp/")
     q.set_defaults(run=run_verify)
 
     q = actions.add_parser("export", help="inference weights as safetensors + JSON config",
                            description="Write OUT.safetensors (keys prefixed 'dalle.' and "
                                        "'vae.') and OUT.json (configs, step, version). "
                                        "safetensors is the only format for now.")
-    q.add_argument("path", metavar="PATH", help="NAME.pt or NAME-ds-cp/")
+    q.add_argument("path", metavar="PATH", help="NAME.pt, NAME-sharded/ or NAME-ds-cp/")
     q.add_argument("out", metavar="OUT", help="output name; .safetensors and .json are added")
     q.add_argument("--safetensors", action="store_true", default=True,
                    help="write safetensors (the default and, for now, the only format)")
@@ -64,11 +72,13 @@ def run_inspect(args: argparse.Namespace) -> int:
 def run_convert(args: argparse.Namespace) -> int:
     from dalle_dist.checkpoint.tools import convert_checkpoint
 
-    done = convert_checkpoint(args.ds_dir, args.out, force=args.force)
-    stage = "-" if done["zero_stage"] is None else done["zero_stage"]
-    print(f"wrote {done['out']}: {done['kind']} from tag {done['tag']} (step {done['step']}, "
-          f"ZeRO-{stage}), {done['parameters']:,} parameters in {done['tensors']} fp32 "
-          f"tensors, {done['size_bytes']:,} bytes, no optimizer state")
+    done = convert_checkpoint(args.source, args.out, force=args.force, to=args.to)
+    origin = f" from tag {done['tag']}" if done["tag"] else ""
+    stage = f", ZeRO-{done['zero_stage']}" if done["zero_stage"] is not None else ""
+    optimizer = "with" if done["optimizer"] else "no"
+    print(f"wrote {done['out']}: {done['kind']}{origin} (step {done['step']}{stage}), "
+          f"{done['parameters']:,} parameters in {done['tensors']} fp32 tensors, "
+          f"{done['size_bytes']:,} bytes, {optimizer} optimizer state")
     return 0
 
 

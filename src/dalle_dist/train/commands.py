@@ -20,6 +20,7 @@ import torch
 
 from dalle_dist.backends import DistributedBackend, Engine, SingleBackend
 from dalle_dist.checkpoint.checkpointer import Checkpointer
+from dalle_dist.checkpoint.formats import resolve_format
 from dalle_dist.checkpoint.load import dalle_parts, load_checkpoint, vae_from_checkpoint
 from dalle_dist.checkpoint.resume import (
     Start,
@@ -185,6 +186,8 @@ class RunSetup:
     payload: dict[str, Any] | None  # the checkpoint continued from; None: a fresh run
     trackers: TrackerConfig = field(default_factory=TrackerConfig)
     val_every_n_steps: int = 0  # --val_every_n_steps, when the loader holds data out
+    checkpoint_format: str | None = None  # full, sharded or native (checkpoint/formats.py)
+    saved_to: Path | None = None  # where train() saved: the file or the format's directory
 
     @classmethod
     def begin(cls, kind: str, output_flag: str, backend: DistributedBackend,
@@ -199,7 +202,12 @@ class RunSetup:
             log.info(TF32_ON)
         set_cudnn_benchmark(backend.device)
         seed_everything(train_cfg.seed)
-        backend.everywhere("the flag check", lambda: backend.check_config(train_cfg.batch_size))
+
+        def check_flags() -> str:
+            backend.check_config(train_cfg.batch_size)
+            return resolve_format(resume.checkpoint_format, backend, resume.async_checkpoint)
+
+        checkpoint_format = backend.everywhere("the flag check", check_flags)
         start = backend.on_root("the resume decision",
                                 lambda: decide_start(resume, paths, output_flag, log))
         payload = read_start(start, kind, backend, log)
@@ -207,7 +215,7 @@ class RunSetup:
             check_flags_agree(resume.given_model, payload["configs"]["model"],
                               payload["loaded_from"])
         return cls(backend, train_cfg, resume, paths, log, start, payload,
-                   trackers or TrackerConfig())
+                   trackers or TrackerConfig(), checkpoint_format=checkpoint_format)
 
     def loader(self, make: Callable[[int], Loader], data_cfg: DataConfig, flag: str
                ) -> Loader:
@@ -242,14 +250,18 @@ class RunSetup:
             every_n_steps=train_cfg.save_every_n_steps, keep_n=self.resume.keep_n_checkpoints,
             save_first=not self.start.own, epochs=train_cfg.epochs,
             after_first_save=None if replaces is None else lambda: replaces.discard(log),
-            on_save=log.saved)
+            on_save=log.saved, checkpoint_format=self.checkpoint_format,
+            asynchronous=self.resume.async_checkpoint)
+        self.saved_to = checkpointer.location
         self.start_trackers(task, engine)
         failed = True  # a W&B run that ends in an error is marked failed
         try:
             train(task, engine, backend, loader, train_cfg, self.paths, log, state,
                   checkpointer, self.val_every_n_steps)
+            checkpointer.wait()  # the last background save is on disk before the run ends
             failed = False
         except Stopped:  # a preempted run saved and resumes: it did not fail
+            checkpointer.wait()
             failed = False
             raise
         finally:
@@ -329,8 +341,8 @@ def train_vae(job: TrainVAEJob, backend: DistributedBackend, log: RunLog | None 
     task = VAETask(vae_cfg, job.schedule, train_cfg, data_cfg.to_dict(), job.samples)
     run.train(task, loader, f"training a VAE: {vae_cfg.image_size}px -> {vae_cfg.fmap_size}x"
               f"{vae_cfg.fmap_size} tokens of {vae_cfg.num_tokens}")
-    log.info(f"saved VAE to {paths.checkpoint}")
-    return paths.checkpoint
+    log.info(f"saved VAE to {run.saved_to}")
+    return run.saved_to or paths.checkpoint
 
 
 def builtin_vae_payload(data_cfg: DataConfig, backend: DistributedBackend, log: RunLog,
@@ -452,7 +464,7 @@ def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | No
         return None
     engine = run.train(task, loader, f"training DALL-E: {n_params / 1e6:.2f}M parameters, "
                        f"{model_cfg.text_seq_len} text + {model_cfg.image_seq_len} image tokens")
-    log.info(f"saved DALL-E to {paths.checkpoint}")
+    log.info(f"saved DALL-E to {run.saved_to}")
 
     fidelity_images = job.run.fidelity_images
     if not (data_cfg.builtin and fidelity_images):

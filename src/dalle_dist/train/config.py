@@ -85,13 +85,26 @@ class ResumeConfig:
     #: "auto" (newest beside the output) or a checkpoint path
     source: str | None = option(
         None, "continue a run: auto takes the newest complete checkpoint of the output name "
-        "(starting fresh when there is none), PATH a given checkpoint file or DeepSpeed "
-        "directory; weights, optimizer, scheduler, RNG and data position are restored",
+        "(starting fresh when there is none), PATH a given checkpoint file, sharded or "
+        "DeepSpeed directory; weights, optimizer, scheduler, RNG and data position are "
+        "restored",
         name="--resume", metavar="auto|PATH", default_text="default: a new run")
     flag: str = "--resume"  # the flag that named it (--dalle_path is DALLE-pytorch's)
     keep_n_checkpoints: int | None = option(
-        None, "keep the newest N saves: NAME-checkpoints/step-*.pt, or the DeepSpeed tags",
-        metavar="N", default_text="default: only NAME.pt, and every DeepSpeed tag")
+        None, "keep the newest N saves: NAME-checkpoints/step-*.pt, NAME-sharded/step-*, or "
+        "the DeepSpeed tags", metavar="N",
+        default_text="default: only the newest file or sharded save, and every DeepSpeed tag")
+    checkpoint_format: str | None = option(
+        None, "full: one file NAME.pt, gathered on rank 0; sharded: NAME-sharded/, each rank "
+        "writing its own shards (torch.distributed.checkpoint), resumable at another world "
+        "size or on another backend. DeepSpeed always writes its own directory NAME-ds-cp/",
+        choices=("full", "sharded"), metavar="full|sharded",
+        default_text="default: sharded for fsdp, DeepSpeed's directory for deepspeed, "
+        "full otherwise")
+    async_checkpoint: bool = option(
+        False, "write sharded checkpoints in the background: the steps go on while each "
+        "rank's copy of its shards is written (one more copy in host memory); the next "
+        "save and the end of the run wait for it")
     #: start over even where the output name holds a checkpoint (--overwrite)
     overwrite: bool = option(
         False, "start over where the output name already holds a checkpoint (without it such "

@@ -257,6 +257,7 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
                                state.step + 1)
             state.step += 1
             state.batch += ga
+            state.samples = (state.samples or 0) + samples_per_step
             task.after_step(state.step, engine)
 
             epoch_done = state.batch >= epoch_end
@@ -294,11 +295,11 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
                 log.end_progress()
                 signal_name = stop_signal_name() or "another rank's signal"
                 raise Stopped(f"stopped by {signal_name} after step {state.step}: saved "
-                              f"{paths.checkpoint}; continue with the same command and "
+                              f"{checkpointer.location}; continue with the same command and "
                               "--resume auto" if backend.is_root else "")
 
         task.after_epoch(epoch, state.loss_sum / steps_per_epoch, engine)
-        state.epoch, state.batch, state.loss_sum = epoch + 1, 0, 0.0
+        state.epoch, state.batch, state.loss_sum, state.samples = epoch + 1, 0, 0.0, 0
         checkpointer.after_epoch(state)
 
     log.end_progress()
