@@ -436,3 +436,25 @@ def test_activation_checkpointing_keeps_one_layer() -> None:
                                                    activation_checkpointing=True)}
     assert rows_ac["single"].peak < rows["single"].peak
     assert rows_ac["single"].params == rows["single"].params
+
+
+def test_plan_checkpoint_rows_follow_the_format(capsys: pytest.CaptureFixture[str]) -> None:
+    """The save and resume rows: the full file gathers the whole state (12 bytes a
+    parameter, and the VAE) on rank 0, a sharded save adds at most one rank's share on
+    each rank (its staging copy with --async_checkpoint), on any number of ranks.
+    Caught: a row that ignores --gpus, or counts the weights without Adam's moments."""
+    assert plan_main(["--json", "--precision", "fp32", "--gpus", "4", "--device", "cpu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {r["format"]: r for r in report["checkpoints"]}
+    state = 12 * report["parameters"]["dalle"]
+    vae = 4 * report["parameters"]["vae"]
+    assert rows["full"]["save_root"] == state + vae and rows["full"]["save_other"] == 0
+    assert rows["full"]["resume_shared"] is True
+    share = -(-state // 4)
+    assert rows["sharded, --async_checkpoint"]["save_other"] == share
+    assert 0 < rows["sharded"]["save_other"] <= share
+    assert rows["sharded"]["resume"] <= share and rows["sharded"]["on_disk"] == state + vae
+    assert plan_main(["--precision", "fp32", "--gpus", "4", "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert "host memory a rank adds to save and resume, on 4 rank(s)" in text
+    assert text.rstrip().splitlines()[-1].startswith("recommendation: ")

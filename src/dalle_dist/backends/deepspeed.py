@@ -269,9 +269,15 @@ class DeepSpeedEngine(Engine):
         self.ds_engine.save_checkpoint(str(directory), tag=tag, client_state=client_state,
                                        save_latest=False)
 
-    def load_native(self, directory: Path, tag: str) -> bool:
+    def load_native(self, directory: Path, tag: str, universal: bool = False) -> bool:
         """Weights, optimizer partitions and DeepSpeed's own state; our scheduler is
-        restored from our metadata (load_training_state)."""
+        restored from our metadata (load_training_state).
+
+        universal: a universal checkpoint (checkpoint/deepspeed_dir.universal_tag), read
+        at this run's world size. DeepSpeed consults its `checkpoint.load_universal`
+        setting only inside load_checkpoint, so it is set here, for this load, rather
+        than in the config of every run."""
+        self.ds_engine._config.load_universal_checkpoint = universal
         loaded, _ = self.ds_engine.load_checkpoint(str(directory), tag=tag,
                                                    load_lr_scheduler_states=False)
         return loaded is not None

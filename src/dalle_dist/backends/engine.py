@@ -236,8 +236,9 @@ class Engine:
         """Every rank writes its part of the engine's own checkpoint as `directory/tag`."""
         raise NotImplementedError(f"{type(self).__name__} has no checkpoint format of its own")
 
-    def load_native(self, directory: Path, tag: str) -> bool:
-        """Load `directory/tag` of the engine's own format; False when the engine could not."""
+    def load_native(self, directory: Path, tag: str, universal: bool = False) -> bool:
+        """Load `directory/tag` of the engine's own format; False when the engine could not.
+        universal: the tag is a universal checkpoint (DeepSpeed's, of another world size)."""
         raise NotImplementedError(f"{type(self).__name__} has no checkpoint format of its own")
 
     def load_training_state(self, payload: dict[str, Any]) -> str | None:

@@ -13,11 +13,19 @@ it names a global outside the few DeepSpeed data classes its checkpoints really 
 
 The engine writes and reads its own tag folder (Engine.save_native / load_native); which
 tag, the metadata, `latest` and how many tags stay are decided here.
+
+Another world size: ZeRO partitions are per rank, so a tag is handed to DeepSpeed's own
+universal checkpoint (`ds_to_universal`: one folder per parameter with its fp32 value and
+Adam moments), made once beside the tag as `<tag>_universal/`, which an engine of any
+world size loads (`load_universal`). The same folder gives `checkpoint convert` the
+optimizer state, keyed by parameter name. No resharding here is ours.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -25,7 +33,7 @@ from typing import Any
 
 import torch
 
-from dalle_dist.backends import Engine
+from dalle_dist.backends import DistributedBackend, Engine
 from dalle_dist.checkpoint.format import (
     mapped_privately,
     read_checkpoint_file,
@@ -37,6 +45,7 @@ from dalle_dist.fileio import atomic_writer, quiet_output
 
 AUXILIARY_FILE = "auxiliary.pt"
 LATEST_FILE = "latest"
+UNIVERSAL_SUFFIX = "_universal"
 TAG_PATTERN = re.compile(r"global_step(\d+)(?:_(\d+))?$")
 
 #: What DeepSpeed (0.19) pickles beside tensors: ZeRO stage enum, loss scalers, bf16
@@ -192,6 +201,7 @@ def publish_tag(directory: Path, tag: str, keep_n: int | None) -> None:
         for old in tags[keep_n:]:
             if old.name != tag:
                 shutil.rmtree(old, ignore_errors=True)
+                shutil.rmtree(directory / f"{old.name}{UNIVERSAL_SUFFIX}", ignore_errors=True)
 
 
 def save_ds_checkpoint(engine: Engine, path: Path, meta: dict[str, Any],
@@ -226,17 +236,94 @@ def save_ds_checkpoint(engine: Engine, path: Path, meta: dict[str, Any],
             publish_tag(directory, tag, keep_n)
 
 
-def load_ds_checkpoint(engine: Engine, payload: dict[str, Any], world_size: int) -> None:
+def make_universal(tag_dir: Path, out: Path, flag: str) -> None:
+    """DeepSpeed's universal checkpoint of one tag, written to the new folder `out` (by
+    rename, so it is complete or absent). ZeRO-1/2 tags lack the `universal_checkpoint_info`
+    state DeepSpeed asks of the model (`inject_missing_state` adds it); the `latest_universal`
+    file the converter leaves beside `out` is removed: tags are always named here."""
+    check_ds_files_safe(tag_dir, flag)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with quiet_output():  # DeepSpeed's import warnings and the converter's progress
+        try:
+            from deepspeed.checkpoint import ds_to_universal
+        except Exception as exc:
+            raise CheckpointError(
+                f"{flag} {tag_dir} holds ZeRO partitions and DeepSpeed does not import "
+                f"({type(exc).__name__})", "pip install 'dalle_dist[deepspeed]'") from None
+        ds_to_universal.main(argparse.Namespace(
+            input_folder=str(tag_dir), output_folder=str(tmp), num_extract_workers=1,
+            num_merge_workers=1, keep_temp_folder=False, strict=True,
+            inject_missing_state=True))
+    (tmp.parent / "latest_universal").unlink(missing_ok=True)
+    os.replace(tmp, out)
+
+
+def universal_tag(directory: Path, tag: str, flag: str) -> str:
+    """`<tag>_universal` beside the tag, made on first use (make_universal); its name."""
+    name = f"{tag}{UNIVERSAL_SUFFIX}"
+    if not (directory / name / "zero" / "optimizer_state.pt").is_file():
+        make_universal(directory / tag, directory / name, flag)
+    return name
+
+
+def universal_optimizer(universal: Path, shapes: dict[str, torch.Size], flag: str
+                        ) -> dict[str, Any]:
+    """Adam's state in a universal checkpoint, keyed by parameter name as a single file
+    keeps it (torch.distributed.checkpoint's form): step, exp_avg and exp_avg_sq of every
+    parameter in `shapes` (name -> shape: ZeRO-3 stores each flat), and the param group.
+    Every file is read with weights_only (DeepSpeed's own classes allowed)."""
+    with quiet_output():
+        allowed = _deepspeed_classes()
+
+    def read(path: Path) -> Any:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location="cpu", weights_only=True)
+
+    try:
+        shared = read(universal / "zero" / "optimizer_state.pt")
+        state: dict[str, dict[str, torch.Tensor]] = {}
+        for name, shape in shapes.items():
+            folder = universal / "zero" / name
+            moments = {}
+            for key in ("exp_avg", "exp_avg_sq"):
+                value = read(folder / f"{key}.pt")
+                value = value["param"] if isinstance(value, dict) else value
+                moments[key] = value.reshape(shape).float().contiguous()
+            step = (read(folder / "step.pt") if (folder / "step.pt").is_file()
+                    else shared["optimizer_state_dict"]["state"][0]["step"])
+            state[name] = {"step": torch.tensor(float(step)), **moments}
+    except (OSError, KeyError, RuntimeError, pickle.UnpicklingError) as exc:
+        raise CheckpointError(f"{flag} {universal} is not a complete universal checkpoint "
+                              f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})",
+                              "remove that folder: it is made again") from None
+    groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": list(shapes)}
+              for group in shared["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def load_ds_checkpoint(engine: Engine, payload: dict[str, Any], backend: DistributedBackend,
+                       log: Any) -> None:
     """Optimizer and weights from the tag a payload read with keep_ds_dir names, through
-    DeepSpeed, once every file of the tag has passed the pickle check."""
+    DeepSpeed, once every file of the tag has passed the pickle check. ZeRO partitions of
+    another world size go through the tag's universal checkpoint, made by the root."""
     directory, tag = Path(payload["ds_dir"]), payload["ds_tag"]
     check_ds_files_safe(directory / tag, "--resume")
-    if payload["world_size"] != world_size and payload.get("zero_stage"):
-        raise CheckpointError(
-            f"{directory} holds ZeRO-{payload['zero_stage']} partitions of "
-            f"{payload['world_size']} ranks, this run has {world_size}",
-            f"launch {payload['world_size']} ranks, or convert it first: dalle-dist "
-            f"checkpoint convert {directory} OUT.pt")
-    if not engine.load_native(directory, tag):
+    universal = payload["world_size"] != backend.world_size and bool(payload.get("zero_stage"))
+    if universal:
+        stage, saved = getattr(engine, "stage", None), payload["zero_stage"]
+        if stage != saved:
+            raise CheckpointError(
+                f"{directory} holds ZeRO-{saved} partitions of {payload['world_size']} "
+                f"ranks; DeepSpeed loads them at another world size only into ZeRO-{saved}, "
+                f"this run is ZeRO-{stage}",
+                f"resume with --zero_stage {saved}, or convert it first: dalle-dist "
+                f"checkpoint convert {directory} OUT.pt")
+        tag = backend.on_root("the universal checkpoint conversion",
+                              lambda: universal_tag(directory, tag, "--resume"))
+        log.info(f"{directory} holds ZeRO-{saved} partitions of {payload['world_size']} "
+                 f"ranks, this run has {backend.world_size}: loading them through "
+                 f"DeepSpeed's universal checkpoint {directory / tag}")
+    if not engine.load_native(directory, tag, universal=universal):
         raise CheckpointError(f"DeepSpeed could not load {directory}/{tag}",
                               "check the directory, or convert it to a single file")

@@ -350,7 +350,7 @@ def restore_training(payload: dict[str, Any], engine: Engine, backend: Distribut
     """
     why = engine.load_training_state(payload)
     if "ds_dir" in payload:
-        load_ds_checkpoint(engine, payload, backend.world_size)
+        load_ds_checkpoint(engine, payload, backend, log)
     if "sharded_dir" in payload:
         with backend.waiting("the sharded checkpoint load"):
             with_optimizer = load_into_engine(engine, payload["sharded_dir"])

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,14 @@ from torch import nn
 
 from dalle_dist.checkpoint.deepspeed_dir import (
     AUXILIARY_FILE,
+    UNIVERSAL_SUFFIX,
     consolidated_weights,
     is_ds_checkpoint_dir,
     latest_tag,
+    make_universal,
     read_ds_meta,
     tag_order,
+    universal_optimizer,
 )
 from dalle_dist.checkpoint.format import read_checkpoint_file, write_checkpoint_file
 from dalle_dist.checkpoint.load import read_any_checkpoint
@@ -326,13 +330,30 @@ def convert_checkpoint(source: str | Path, out: str | Path, force: bool = False,
 
 
 def _from_ds_dir(ds_dir: Path) -> dict[str, Any]:
-    """A DeepSpeed directory's newest tag as a single file's payload (no optimizer)."""
+    """A DeepSpeed directory's newest tag as a single file's payload: fp32 weights
+    (zero_to_fp32) and, from ZeRO partitions, Adam's state by parameter name (through the
+    tag's universal checkpoint: the one a resume at another world size made, or one made
+    for this in a temporary folder beside the directory)."""
     # keep_ds_dir: the metadata names the tag it describes; its weights come from that tag.
     meta = read_any_checkpoint(ds_dir, "SOURCE", keep_ds_dir=True)
     tag = meta["ds_tag"]
     weights = consolidated_weights(ds_dir, tag, "SOURCE")
     rest = {k: v for k, v in meta.items() if k not in ("ds_dir", "ds_tag")}
-    return {**rest, "weights": weights, "optimizer": None,
+    optimizer = None
+    if meta.get("zero_stage") and meta["kind"] == "dalle":
+        names = [name for name, _ in meta_model("dalle", meta["configs"]["model"], "SOURCE",
+                                                ds_dir).named_parameters()]
+        shapes = {name: weights[name].shape for name in names}
+        universal = ds_dir / f"{tag}{UNIVERSAL_SUFFIX}"
+        if (universal / "zero" / "optimizer_state.pt").is_file():
+            optimizer = universal_optimizer(universal, shapes, "SOURCE")
+        else:
+            with tempfile.TemporaryDirectory(dir=ds_dir.parent,
+                                             prefix=f".{ds_dir.name}.") as scratch:
+                made = Path(scratch) / f"{tag}{UNIVERSAL_SUFFIX}"
+                make_universal(ds_dir / tag, made, "SOURCE")
+                optimizer = universal_optimizer(made, shapes, "SOURCE")
+    return {**rest, "weights": weights, "optimizer": optimizer,
             "converted_from": {"ds_dir": str(ds_dir), "tag": tag,
                                "zero_stage": meta.get("zero_stage")}}
 

@@ -15,6 +15,9 @@ precision, and which to use. Model flags are `train`'s, with its defaults.
                         params, grads, optimizer, activations, buffers, peak, fits (bool),
                         max_batch (largest global batch that fits), items {name: bytes}}]
   recommendation      str
+  checkpoints         [{format, layout, backends, save_root, save_other, resume,
+                        resume_shared (bool: from a file mapped once per node), on_disk}]
+                      host bytes a rank adds at a save and a resume (plan/checkpoints.py)
   attention_kernels   {"capability": str | null (this GPU's; "8.0" with "assumed": true
                       without one), "assumed", "attn_dropout", "patterns": {pattern:
                       {precision: {"path": str, "kernel": str}}}}  (model/kernels.py)
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 
 from dalle_dist.checkpoint.taming import TamingConfig
 from dalle_dist.config_base import JsonOutput, add_flags, from_args
@@ -137,7 +141,8 @@ def _report(dalle_cfg: object, vae_cfg: VAEConfig | VQGANConfig, rows: list,
             args: argparse.Namespace, memory: int, advice: str) -> dict:
     from dalle_dist import plan
     from dalle_dist.plan.advice import attention_kernels
-    from dalle_dist.plan.vqgan import vqgan_parameters
+    from dalle_dist.plan.checkpoints import checkpoint_rows
+    from dalle_dist.plan.parameters import dalle_parameter_shapes, numel
 
     budget = int(memory * plan.USABLE_FRACTION)
     c = dalle_cfg
@@ -145,9 +150,7 @@ def _report(dalle_cfg: object, vae_cfg: VAEConfig | VQGANConfig, rows: list,
     return {
         "version": 1,
         "model": {"dalle": c.to_dict(), "vae": vae_cfg.to_dict()},
-        "parameters": {"dalle": plan.dalle_parameters(c),
-                       "vae": (vqgan_parameters(vae_cfg) if isinstance(vae_cfg, VQGANConfig)
-                               else plan.vae_parameters(vae_cfg))},
+        "parameters": {"dalle": plan.dalle_parameters(c), "vae": _tokenizer_parameters(vae_cfg)},
         "sequence": {"text": c.text_seq_len + 1, "image": c.image_seq_len,
                      "length": c.text_seq_len + c.image_seq_len},
         "layers": [{"pattern": pattern, "path": path} for pattern, path in layers],
@@ -160,9 +163,38 @@ def _report(dalle_cfg: object, vae_cfg: VAEConfig | VQGANConfig, rows: list,
                   "buffers": r.buffers, "peak": r.peak, "fits": r.peak <= budget,
                   "max_batch": r.max_batch(budget), "items": r.items} for r in rows],
         "recommendation": advice,
+        "checkpoints": [asdict(row) for row in checkpoint_rows(
+            plan.dalle_parameters(c), _tokenizer_parameters(vae_cfg), args.gpus,
+            max(numel((shape,)) for shape in dalle_parameter_shapes(c).values()))],
         "attention_kernels": attention_kernels(
             c, args.device, args.attn_impl, tuple(dict.fromkeys(r.precision for r in rows))),
     }
+
+
+def _tokenizer_parameters(vae_cfg: VAEConfig | VQGANConfig) -> int:
+    from dalle_dist import plan
+    from dalle_dist.plan.vqgan import vqgan_parameters
+
+    return (vqgan_parameters(vae_cfg) if isinstance(vae_cfg, VQGANConfig)
+            else plan.vae_parameters(vae_cfg))
+
+
+def _checkpoint_lines(report: dict) -> list[str]:
+    from dalle_dist.plan import format_bytes
+
+    rows = [("checkpoint format", "writes", "save: rank 0", "other ranks", "resume: each rank",
+             "on disk")]
+    for r in report["checkpoints"]:
+        shared = " (mapped, shared per node)" if r["resume_shared"] else ""
+        rows.append((r["format"], r["layout"], format_bytes(r["save_root"]),
+                     format_bytes(r["save_other"]), format_bytes(r["resume"]) + shared,
+                     format_bytes(r["on_disk"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["", f"host memory a rank adds to save and resume, on {report['gpus']} rank(s) "
+                 "(weights and Adam's moments in fp32, and the VAE):"]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+              for row in rows]
+    return lines
 
 
 def _human(report: dict) -> str:
@@ -208,5 +240,6 @@ def _human(report: dict) -> str:
               "max batch: the largest global batch that fits; horovod's --batch_size is "
               "per worker (batch/GPU)."]
     lines += kernel_lines(report["attention_kernels"])
+    lines += _checkpoint_lines(report)
     lines.append(f"recommendation: {report['recommendation']}")  # last: what most read
     return "\n".join(lines)
