@@ -8,8 +8,8 @@ One chain of real runs, each reading the one before (module fixtures):
 - `four`: fsdp on 4 ranks x --ga_steps 1, global batch 16, 2 epochs of 4 steps, a save
   every 2 steps, all kept: the uninterrupted run;
 - `two`: four's save at step 2 (mid-epoch) continued by fsdp on 2 ranks x --ga_steps 2;
-- `one`: two's newest save continued in one process, `ddp`: by torch DDP on 2 ranks. Both
-  have no step left: their save before the first step is what they loaded.
+- then two's newest save goes round: one process, torch DDP, fsdp again, each run with no
+  step left: its save before the first step is what it loaded.
 
 "Equal" below is bit for bit: a resume moves tensors between ranks and never computes.
 """
@@ -144,27 +144,34 @@ def test_resumed_on_two_ranks_ends_where_four_end(four: Path, two: tuple[Path, s
             key, (end[key] - tensor).abs().max().item())
 
 
-def test_two_fsdp_ranks_resume_in_one_process_and_on_ddp(two: tuple[Path, str],
-                                                         tmp_path: Path) -> None:
-    """fsdp -> single (writing one file) and fsdp -> torch DDP (writing sharded): each
-    run's save before its first step equals two's newest save, Adam moments included.
-    Caught: a loader that skips the optimizer (the moments of a fresh Adam), or names
-    keyed by DDP's `module.` prefix."""
+def test_the_state_goes_round_single_ddp_and_fsdp(two: tuple[Path, str],
+                                                  tmp_path: Path) -> None:
+    """fsdp -> single (writing one file) -> torch DDP (reading that file, writing
+    sharded) -> fsdp: each run has no step left, so its save before the first step holds
+    what it loaded, and each equals two's newest save, Adam moments included: every
+    backend reads what every other one writes, in both formats.
+    Caught: a loader that skips the optimizer (a fresh Adam's moments), or names keyed by
+    DDP's `module.` prefix."""
     folder, _ = two
-    source = str(folder / "run-sharded")
     expected = saved(folder / "run-sharded", "step-0000008")
 
-    ok(run_cli("train", "--resume", source, *COMMON, "--checkpoint_format", "full",
-               "--dalle_output_file_name", "one", cwd=tmp_path))
+    ok(run_cli("train", "--resume", str(folder / "run-sharded"), *COMMON,
+               "--checkpoint_format", "full", "--dalle_output_file_name", "one", cwd=tmp_path))
     single = torch.load(tmp_path / "one.pt", weights_only=True)
     assert single["step"] == 8 and single["backend"] == "single"
     assert_same_state({"model": single["weights"], "optim": single["optimizer"]}, expected)
 
-    text = ok(launch.torchrun("train", "--distributed_backend", "torch", "--resume", source,
+    text = ok(launch.torchrun("train", "--distributed_backend", "torch", "--resume", "one.pt",
                               *COMMON, "--checkpoint_format", "sharded",
                               "--dalle_output_file_name", "ddp", cwd=tmp_path))
     assert "optimizer starts fresh" not in text
     assert_same_state(saved(tmp_path / "ddp-sharded", "step-0000008"), expected)
+
+    text = ok(launch.torchrun("train", "--distributed_backend", "fsdp", "--resume",
+                              "ddp-sharded", *COMMON, "--dalle_output_file_name", "back",
+                              cwd=tmp_path))
+    assert "optimizer starts fresh" not in text
+    assert_same_state(saved(tmp_path / "back-sharded", "step-0000008"), expected)
 
 
 def test_a_rank_killed_in_an_async_save_leaves_the_previous_one(tiny_vae: Path,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pickle
 from fractions import Fraction
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from dalle_dist.backends.registry import BACKENDS
 from dalle_dist.checkpoint.dcp_io import read_whole
 from dalle_dist.checkpoint.formats import FULL, NATIVE, SHARDED, resolve_format
 from dalle_dist.checkpoint.load import read_any_checkpoint
-from dalle_dist.checkpoint.resume import newest_checkpoint
+from dalle_dist.checkpoint.resume import decide_start, newest_checkpoint
 from dalle_dist.checkpoint.sharded_dir import (
     META_FILE,
     read_sharded_whole,
@@ -135,6 +136,11 @@ def test_resume_auto_takes_the_newest_of_file_and_sharded_directory(tiny_dalle: 
         read_any_checkpoint(unfinished, "--resume")
     state = read_whole(unfinished.parent / f"step-{payload['step'] + 2:07d}", {"model"})
     assert state.keys() == {"model"}
+
+    # --resume of one of the output's own kept saves continues it; no --overwrite needed
+    kept = sharded_checkpoint_dir(paths.checkpoint) / f"step-{payload['step'] + 2:07d}"
+    choice = SimpleNamespace(source=str(kept), flag="--resume", overwrite=False)
+    assert decide_start(choice, paths, "--dalle_output_file_name", Log()).source == str(kept)
 
 
 def test_each_backend_writes_its_format_and_refuses_the_other() -> None:

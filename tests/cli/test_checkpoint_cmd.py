@@ -144,7 +144,13 @@ def test_convert_equals_the_runs_module_weights(stage: int, ds_run: Callable[[in
     assert f"wrote {out}: dalle from tag global_step{STEPS} (step {STEPS}, ZeRO-{stage})" \
         in result.stdout
     converted, module = load(out), load(folder / "dalle.pt")
-    assert converted["optimizer"] is None
+    state = converted["optimizer"]["state"]
+    assert state.keys() == module["weights"].keys()  # Adam's moments for every weight
+    for key, moments in state.items():
+        assert int(moments["step"]) == STEPS, key
+        assert moments["exp_avg"].shape == moments["exp_avg_sq"].shape \
+            == module["weights"][key].shape, key
+        assert torch.all(moments["exp_avg_sq"] >= 0), key
     assert converted["converted_from"]["tag"] == f"global_step{STEPS}"
     for key in ("kind", "step", "epoch", "configs", "world_size", "backend", "zero_stage"):
         assert converted[key] == module[key], key

@@ -89,7 +89,10 @@ class Checkpointer:
         if self.asynchronous and backend.world_size > 1:
             import torch.distributed as dist
 
-            self.process_group = dist.new_group(backend="gloo")
+            # its collectives run in DCP's writer thread, which the interpreter joins at
+            # exit: the engine's timeout bounds them when a peer is gone
+            self.process_group = dist.new_group(backend="gloo",
+                                                timeout=backend.engine_timeout)
         self.pending: PendingSave | None = None
         self.path = path
         self.subject, self.engine, self.backend = subject, engine, backend

@@ -126,10 +126,12 @@ def is_own_checkpoint(source: Path, paths: OutputFiles) -> bool:
 
 def belongs_to_output(source: Path, paths: OutputFiles) -> bool:
     """True when `source` is one of the output's own saves (its newest, a kept earlier one,
-    or its DeepSpeed directory): continuing it writes over nothing of another run."""
+    a save of its sharded directory, or its DeepSpeed directory): continuing it writes
+    over nothing of another run."""
     source = source.resolve()
-    return is_own_checkpoint(source, paths) or source.parent == history_dir(
-        paths.checkpoint).resolve()
+    kept = {history_dir(paths.checkpoint).resolve(),
+            sharded_checkpoint_dir(paths.checkpoint).resolve()}
+    return is_own_checkpoint(source, paths) or source.parent in kept
 
 
 def _stores(paths: OutputFiles) -> list[Path]:
