@@ -51,7 +51,8 @@ RANK_FILES = frozenset(f"tests/{name}.py" for name in (
     "backends/test_cross_resume", "backends/test_sharing", "backends/test_clipping",
     "backends/test_host_syncs", "backends/test_errors", "backends/test_fp16_agreement",
     "backends/test_node_local_files", "backends/test_multinode", "backends/test_compile",
-    "backends/test_sharded_checkpoints", "backends/test_ds_resharding", "test_selftest",
+    "backends/test_sharded_checkpoints", "backends/test_ds_resharding",
+    "backends/test_sharded_memory", "test_selftest",
 ))
 #: The longest of them, and those that time a wait (a hung peer, a run stopped after step
 #: k): under pytest-xdist (`make test`) one worker runs them first and in this order, so
@@ -60,7 +61,7 @@ RANK_FILES = frozenset(f"tests/{name}.py" for name in (
 ONE_AT_A_TIME = tuple(f"tests/backends/{name}.py" for name in (
     "test_peer_failures", "test_ds_checkpoints", "test_default_path", "test_equivalence",
     "test_accumulation", "test_sharing", "test_precision", "test_cross_resume",
-    "test_sharded_checkpoints", "test_ds_resharding",
+    "test_sharded_checkpoints", "test_ds_resharding", "test_sharded_memory",
 ))
 #: The single-process files that take most of a minute or more (marked `slow`, which
 #: `make test-quick` leaves out too): queued next, so that none of them is left for the

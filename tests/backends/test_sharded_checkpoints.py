@@ -6,7 +6,7 @@ on 4 ranks and resumed on 2 with --ga_steps 2 sees the same global batches
 One chain of real runs, each reading the one before (module fixtures):
 
 - `four`: fsdp on 4 ranks x --ga_steps 1, global batch 16, 2 epochs of 4 steps, a save
-  every 2 steps, all kept: the uninterrupted run;
+  every 2 steps, all kept, and a sample grid at step 8: the uninterrupted run;
 - `two`: four's save at step 2 (mid-epoch) continued by fsdp on 2 ranks x --ga_steps 2;
 - then two's newest save goes round: one process, torch DDP, fsdp again, each run with no
   step left: its save before the first step is what it loaded.
@@ -20,11 +20,16 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from dalle_dist.checkpoint.dcp_io import read_whole
 from dalle_dist.checkpoint.sharded_dir import is_complete
+from dalle_dist.data.images import make_grid
+from dalle_dist.generate import load_sampler
+from dalle_dist.train.dalle_task import SAMPLE_IMAGES
 from tests import launch
 from tests.backends.runs import ROOT, grad_norms, metric_records
 from tests.conftest import TINY_DALLE_FLAGS, run_cli
@@ -63,9 +68,17 @@ def assert_same_state(got: dict[str, Any], expected: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def four(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Through tests/backends/memory_probe.py, which records the random state and batch
+    its one sample grid (step 8) starts from."""
     folder = tmp_path_factory.mktemp("four")
-    ok(launch.torchrun("train", "--distributed_backend", "fsdp", "--vae_path", str(tiny_vae),
-                       *COMMON, "--dalle_output_file_name", "run", nproc=4, cwd=folder))
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "MEMORY_PROBE_DIR": str(folder)}
+    ok(launch._run(launch.command("torchrun", "train", "--distributed_backend", "fsdp",
+                                  "--vae_path", str(tiny_vae), *COMMON,
+                                  "--sample_every_n_steps", "8",
+                                  "--dalle_output_file_name", "run", nproc=4,
+                                  module="tests.backends.memory_probe"),
+                   folder, env, launch.LAUNCH_TIMEOUT))
     return folder
 
 
@@ -88,6 +101,32 @@ def test_fsdp_writes_sharded_by_default_and_keeps_n(four: Path) -> None:
     assert saves == [f"step-{s:07d}" for s in (0, 2, 4, 6, 8)]
     assert sorted(p.name for p in (directory / "step-0000008").glob("*.distcp")) == [
         f"__{rank}_0.distcp" for rank in range(4)]
+
+
+def test_the_sample_grid_drawn_through_the_shards_is_the_whole_models(four: Path) -> None:
+    """Under fsdp every rank samples its own captions through its shards (each block
+    gathered for its call, the root's embeddings and logits around prefill and each
+    decode step), so no rank holds the whole model. Rank 0's grid at step 8 is pixel for
+    pixel the grid the saved step-8 weights draw in one process from the same random
+    state and batch: 4 captions x 16 sampled tokens.
+    Caught: sampling entry points not registered with FSDP2 (prefill reads the root's
+    sharded embedding: the run stops), or a grid from weights other than the run's."""
+    recorded = torch.load(four / "grid-input.pt", weights_only=True)
+    sampler = load_sampler(four / "run-sharded" / "step-0000008", torch.device("cpu"))
+    images, text = (recorded[k][:SAMPLE_IMAGES] for k in ("images", "text"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank ran: the same matmul sums
+    try:
+        with torch.random.fork_rng():
+            torch.set_rng_state(recorded["rng"])
+            generated = sampler.model.generate_images(text, sampler.vae, filter_thres=0.9)
+    finally:
+        torch.set_num_threads(threads)
+    expected = make_grid(torch.cat([images, generated.float()]), nrow=len(images))
+    with Image.open(four / "run-samples" / "step-0000008.png") as written:
+        assert written.size == expected.size
+        assert np.array_equal(np.asarray(written.convert("RGB")),
+                              np.asarray(expected.convert("RGB")))
 
 
 def test_four_ranks_resume_on_two_with_the_state_intact(four: Path,

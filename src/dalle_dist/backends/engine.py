@@ -57,6 +57,10 @@ class Engine:
     #: True when the engine keeps its optimizer state in its own checkpoint format
     #: (DeepSpeed's partitions), written and read through save_native / load_native.
     has_native_checkpoint: ClassVar[bool] = False
+    #: True when every rank samples through its own shards, together (FSDP2: a unit's
+    #: weights are gathered for its call and freed after it), so a sample grid never
+    #: puts the whole model on one rank; False: the root samples from the whole model.
+    samples_sharded: ClassVar[bool] = False
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any | None, precision: Precision, is_root: bool = True,
@@ -85,6 +89,10 @@ class Engine:
         """Whether this micro-batch's backward exchanges gradients (one process: nothing to
         exchange)."""
         return contextlib.nullcontext()
+
+    def end_sampling(self) -> None:
+        """After a sample grid drawn through the shards (samples_sharded): free what the
+        sampling calls left gathered. Nothing to free here."""
 
     def working_alone(self) -> AbstractContextManager[None]:
         """Around work the root does while the others wait for it (writing a file): the

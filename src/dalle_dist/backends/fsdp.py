@@ -101,12 +101,14 @@ def shard_onto(module: nn.Module, units: Sequence[nn.Module | list[nn.Module]],
     elif buffers:
         raise ValueError("a meta-built module cannot have buffers: they would have no values")
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     mesh = init_device_mesh(device.type, (world_size,))
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(module, mesh=mesh, mp_policy=policy)
+    for method in getattr(module, "forward_methods", ()):  # sampling's entry points
+        register_fsdp_forward_method(module, method)
     module.to_empty(device=device)
     params: dict[str, nn.Parameter] = dict(module.named_parameters())
     heads: dict[str, bytes] = {}
@@ -126,6 +128,12 @@ def shard_onto(module: nn.Module, units: Sequence[nn.Module | list[nn.Module]],
 
 class FSDPEngine(Engine):
     shards_parameters: ClassVar[bool] = True
+    samples_sharded: ClassVar[bool] = True
+
+    def end_sampling(self) -> None:
+        """The root unit's weights stay gathered after its forward (FSDP2 keeps them for
+        the backward that follows in training); after sampling, nothing follows."""
+        self.module.reshard()
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +54,13 @@ class DALLE(nn.Module):
     rows of its own vocabulary, which is the "restricted logits" of DALLE-pytorch
     without computing and masking the other part.
     """
+
+    #: Methods other than forward that read the root module's own weights (embeddings,
+    #: logits): sampling's entry points. A sharding wrapper gathers those weights around
+    #: them as it does around forward (FSDP2's register_fsdp_forward_method); the blocks
+    #: are reached through their own calls and gather themselves.
+    forward_methods: ClassVar[tuple[str, ...]] = ("prefill", "decode_step",
+                                                  "uncached_image_logits")
 
     def __init__(self, config: DALLEConfig, attn_impl: str = "auto") -> None:
         super().__init__()

@@ -121,12 +121,23 @@ def write_samples(task: Task, engine: Engine, backend: DistributedBackend, batch
     The written PNG goes to the log's trackers as the image "samples" at `step`."""
     device = backend.device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        with backend.waiting(f"the sample grid {path.name}"):
-            model = inference_model(task, engine, backend)
-        if model is None:
-            return
+        if engine.samples_sharded:
+            # every rank decodes its own captions through the shards: the same calls, so
+            # the same gathers, on each; the root's grid is the one written
+            with backend.waiting(f"the sample grid {path.name}"):
+                grid = task.sample_grid(engine.module, batch, device)
+                engine.end_sampling()
+            if not backend.is_root:
+                return
+        else:
+            with backend.waiting(f"the sample grid {path.name}"):
+                model = inference_model(task, engine, backend)
+            if model is None:
+                return
+            with engine.working_alone():
+                grid = task.sample_grid(model, batch, device)
         with engine.working_alone():
-            save_png(task.sample_grid(model, batch, device), path)
+            save_png(grid, path)
             if log is not None:
                 log.image("samples", path, step)
 
