@@ -48,6 +48,9 @@ COMMANDS: dict[str, Command] = {
                          "train the discrete VAE that turns images into tokens"),
     "train": Command("train_cmds", "add_train",
                      "train DALL-E (trains a VAE first on built-in data)"),
+    "encode": Command("train_cmds", "add_encode",
+                      "encode a data set's images once into token shards for train "
+                      "--token_shards"),
     "generate": Command("generate_cmd", "add_generate", "sample images from a trained DALL-E"),
     "checkpoint": Command("checkpoint_cmd", "add_checkpoint",
                           "inspect, convert, verify or export a checkpoint"),

@@ -35,6 +35,7 @@ from dalle_dist.train.config import (
     VAESchedule,
     ValidationConfig,
 )
+from dalle_dist.train.encode import EncodeConfig, EncodeJob
 from dalle_dist.train.job import TrainJob, TrainVAEJob
 
 
@@ -136,6 +137,7 @@ def add_train(p: argparse.ArgumentParser) -> None:
                      "On the built-in shapes, without --vae_path, a VAE is "
                      "trained first (or taken from the cache).")
     _add_data_args(p, ["--image_text_folder"], "folder of name.png + name.txt pairs")
+    add_flags(p, DataConfig, only=["token_shards"])
     add_flags(p, DalleRun, only=["vae_path", "dalle_path"])
     add_flags(p.add_argument_group("VQGAN image tokenizer (taming-transformers), instead of "
                                    "a VAE"), TamingConfig)
@@ -176,3 +178,43 @@ def run_train(args: argparse.Namespace) -> int:
     job = train_job(args)
     job.validate()  # before any process group or file: one line, exit 2
     return run_on_backend(args, job.distributed, lambda backend: train_dalle(job, backend))
+
+
+# -- encode --------------------------------------------------------------------------
+
+def add_encode(p: argparse.ArgumentParser) -> None:
+    p.description = ("Encode a data set's images once with the frozen VAE or VQGAN into "
+                     "token shards, which train --token_shards reads with no image decoding "
+                     "and no encoder in the loop. Under a launcher each rank encodes its own "
+                     "shards; a rerun finishes an interrupted encode.")
+    group = p.add_argument_group("data")
+    add_flags(group, DataConfig, only=["image_text_folder", "shapes_count", "shapes_seed"],
+              help={"image_text_folder": "folder of name.png + name.txt pairs"})
+    add_flags(p, EncodeConfig)
+    add_flags(p, DalleRun, only=["vae_path"])
+    add_flags(p.add_argument_group("VQGAN image tokenizer (taming-transformers), instead of "
+                                   "a VAE"), TamingConfig)
+    add_flags(p, VAEConfig, only=["image_size"],
+              help={"image_size": "built-in shapes size when a VAE is trained first"})
+    add_flags(p, DalleRun, only=["builtin_vae_epochs"])
+    add_flags(p, DistributedConfig, only=["device"])
+    add_flags(p, ComputeConfig, only=["no_tf32"])
+    add_backend_arguments(p)
+    add_launcher_rank(p)
+    p.set_defaults(run=run_encode)
+
+
+def encode_job(args: argparse.Namespace) -> EncodeJob:
+    """The parsed flags of `encode` as one job."""
+    return EncodeJob(encode=from_args(EncodeConfig, args),
+                     data=from_args(DataConfig, args, image_size=args.image_size),
+                     run=from_args(DalleRun, args), taming=from_args(TamingConfig, args),
+                     distributed=_distributed(args), tf32=not args.no_tf32)
+
+
+def run_encode(args: argparse.Namespace) -> int:
+    from dalle_dist.train.commands import encode
+
+    job = encode_job(args)
+    job.validate()  # before any process group or file: one line, exit 2
+    return run_on_backend(args, job.distributed, lambda backend: encode(job, backend))

@@ -16,6 +16,7 @@ from dalle_dist.data.heldout import HeldOutLoader
 from dalle_dist.data.loader import EpochLoader
 from dalle_dist.data.shapes import ShapesDataset
 from dalle_dist.data.split import check_fraction, check_split, split_indices
+from dalle_dist.data.token_shards import TokenShards
 from dalle_dist.data.tokenizer import Tokenizer, check_caption_lengths, tokenize
 from dalle_dist.data.wds import WebDatasetLoader
 from dalle_dist.errors import ConfigError, DataError
@@ -27,6 +28,7 @@ __all__ = [
     "HeldOutLoader",
     "ShapesDataset",
     "TextImageFolder",
+    "TokenShards",
     "WebDatasetLoader",
     "build_dataset",
     "check_captions",
@@ -56,6 +58,11 @@ def describe_dataset(dataset: Dataset) -> str:
     if isinstance(dataset, TextImageFolder):
         what = "image-text pairs" if any(dataset.captions) else "images"
         return dataset.report.summary(what)
+    if isinstance(dataset, TokenShards):
+        image = dataset.image_tokenizer
+        return (f"token shards {dataset.directory}: {len(dataset)} samples in "
+                f"{len(dataset.shards)} shard(s), {image['fmap_size']}x{image['fmap_size']} "
+                f"tokens of {image['num_tokens']} ({image['kind']} {image['sha256'][:12]})")
     return f"built-in shapes: {len(dataset)} images of {dataset.image_size}x{dataset.image_size}"
 
 
@@ -89,6 +96,13 @@ def make_loader(config: DataConfig, image_size: int, batch_size: int, rank: int,
     user asked for, None for the default: train.commands resolves it from the device and
     the CPUs); pin_memory: batches land in page-locked memory (worth it only on CUDA)."""
     check_fraction(val_fraction)
+    if config.token_shards:
+        if config.image_text_folder or config.wds:
+            raise ConfigError("--token_shards replaces --image_text_folder and --wds",
+                              "give only the token shards' folder")
+        dataset: Dataset = TokenShards(config.token_shards)
+        return _map_loader(dataset, describe_dataset(dataset), batch_size, rank, world_size,
+                           seed, num_workers, collate, pin_memory, val_fraction)
     if config.wds:
         if config.builtin:
             raise DataError("--wds needs WebDataset shards", f"pass them with {flag}")
@@ -98,7 +112,15 @@ def make_loader(config: DataConfig, image_size: int, batch_size: int, rank: int,
                                   config.channels, val_fraction)
         return loader, loader.describe()
     dataset = build_dataset(config, image_size, require_captions, flag)
-    description, held_out = describe_dataset(dataset), None
+    return _map_loader(dataset, describe_dataset(dataset), batch_size, rank, world_size, seed,
+                       num_workers, collate, pin_memory, val_fraction)
+
+
+def _map_loader(dataset: Dataset, description: str, batch_size: int, rank: int,
+                world_size: int, seed: int, num_workers: int, collate: CaptionCollate,
+                pin_memory: bool, val_fraction: float) -> tuple[EpochLoader, str]:
+    """A data set read by index (folder, shapes, token shards), split by key."""
+    held_out = None
     if val_fraction > 0:
         train, val = split_indices(dataset.keys(), val_fraction)
         check_split(len(train), len(val), val_fraction, "samples")

@@ -17,6 +17,11 @@ class DataConfig(DictConfig):
         None, "the folder (or brace pattern) holds WebDataset .tar shards; name the image and "
         "caption member extensions, e.g. jpg,txt", metavar="IMG,CAP",
         default_text="default: a plain folder")
+    token_shards: str | None = option(
+        None, "train from the token shards `dalle-dist encode` wrote into this folder: no "
+        "image is decoded and the encoder never runs; the VAE or VQGAN must be the one that "
+        "encoded them (checked by content hash)", metavar="DIR",
+        default_text="default: encode images while training")
     image_size: int = 32  # the VAE's (train-vae's --image_size, or the VAE DALL-E trains on)
     #: the VAE's too: 4 (--transparent) loads RGBA, alpha kept, opaque images get alpha 1
     channels: int = 3
@@ -34,7 +39,7 @@ class DataConfig(DictConfig):
 
     @property
     def builtin(self) -> bool:
-        return self.image_text_folder is None
+        return self.image_text_folder is None and self.token_shards is None
 
 
 

@@ -116,6 +116,10 @@ class TextImageFolder(Dataset):
     def all_captions(self) -> list[str]:
         return [line for lines in self.captions for line in lines]
 
+    def caption_lines(self, index: int) -> list[str]:
+        """Every caption line of image `index` (training draws one at random)."""
+        return list(self.captions[index])
+
     def keys(self) -> list[str]:
         """Each image's name for the held-out split: its path below the folder, without
         the extension (the same on every machine the folder is copied to)."""

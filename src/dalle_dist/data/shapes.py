@@ -119,6 +119,10 @@ class ShapesDataset(Dataset):
     def spec(self, index: int) -> ShapeSpec:
         return sample_spec(self.seed, index)
 
+    def caption_lines(self, index: int) -> list[str]:
+        """The one caption of scene `index` of this dataset."""
+        return [self.spec(index if self.indices is None else self.indices[index]).caption]
+
     def keys(self) -> list[str]:
         """Each scene's name for the held-out split: its index in the full dataset."""
         return [str(i) for i in (range(self.count) if self.indices is None else self.indices)]

@@ -63,6 +63,7 @@ def builtin_vae(data: DataConfig, cache_dir: Path | None = None,
     # The built-in VAE is RGB: channels (added for --transparent) stays out of the key, so
     # VAEs cached before it existed stay found.
     del key_data["channels"]
+    del key_data["token_shards"]  # likewise (and a VAE is trained on images only)
     key_source = json.dumps([vae_cfg.to_dict(), schedule.to_dict(), train.to_dict(),
                              key_data], sort_keys=True)
     key = hashlib.sha256(key_source.encode()).hexdigest()[:12]

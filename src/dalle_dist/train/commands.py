@@ -30,7 +30,7 @@ from dalle_dist.checkpoint.resume import (
     restore_training,
 )
 from dalle_dist.checkpoint.rng import capture_rng, restore_rng
-from dalle_dist.checkpoint.taming import check_carried_vqgan, load_vqgan
+from dalle_dist.checkpoint.taming import TamingConfig, check_carried_vqgan, load_vqgan
 from dalle_dist.data import (
     CaptionCollate,
     DataConfig,
@@ -41,17 +41,20 @@ from dalle_dist.data import (
 )
 from dalle_dist.data.images import make_grid, save_png
 from dalle_dist.data.loader import check_num_workers, default_num_workers
+from dalle_dist.data.token_shards import manifest_sha256, read_manifest
 from dalle_dist.data.tokenizer import load_tokenizer
 from dalle_dist.errors import ConfigError, DataError, OutputError, Stopped
-from dalle_dist.model import DALLEConfig, VAEConfig
+from dalle_dist.model import DALLEConfig, ImageTokenizer, VAEConfig
 from dalle_dist.model.attention_paths import flex_dropout_error
 from dalle_dist.model.config import ComputeConfig
+from dalle_dist.model.image_tokenizer import content_hash
 from dalle_dist.model.init import WeightStream, built_on_meta, checkpoint_weights
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
 from dalle_dist.train.compile import DEFAULT_BACKEND, check_compile
 from dalle_dist.train.config import ResumeConfig, RunPaths, TrackerConfig, TrainConfig
 from dalle_dist.train.cuda_settings import TF32_ON, set_cudnn_benchmark, set_tf32
 from dalle_dist.train.dalle_task import DALLETask
+from dalle_dist.train.encode import EncodeJob, encode_images
 from dalle_dist.train.evaluate import evaluate_fidelity
 from dalle_dist.train.flops import profile_step
 from dalle_dist.train.job import TrainJob, TrainVAEJob
@@ -380,6 +383,80 @@ def builtin_vae_payload(data_cfg: DataConfig, backend: DistributedBackend, log: 
     return backend.on_root("the built-in VAE broadcast (rank 0 trains or loads it)", on_root)
 
 
+def image_tokenizer(taming: TamingConfig, vae_path: str | None, data_cfg: DataConfig,
+                    backend: DistributedBackend, log: RunLog, cache_dir: Path | None,
+                    builtin_vae_epochs: int, tf32: bool) -> ImageTokenizer:
+    """The frozen image tokenizer a run names: the VQGAN (--taming ...), the VAE of
+    --vae_path, or on built-in data the built-in VAE (trained first, or cached)."""
+    if taming.wanted:
+        vae = backend.everywhere("the VQGAN load", lambda: load_vqgan(
+            taming.vqgan_model_path, taming.vqgan_config_path))
+        log.info(f"image tokens from the VQGAN {taming.vqgan_model_path}: "
+                 f"{vae.config.image_size}px -> {vae.config.fmap_size}x"
+                 f"{vae.config.fmap_size} tokens of {vae.config.num_tokens}")
+        return vae
+    if vae_path:
+        return backend.everywhere("the VAE load", lambda: vae_from_checkpoint(
+            load_checkpoint(vae_path, "--vae_path", "vae")))
+    if data_cfg.builtin:
+        return vae_from_checkpoint(builtin_vae_payload(
+            data_cfg, backend, log, cache_dir, builtin_vae_epochs, tf32))
+    # DALLE-pytorch falls back on OpenAI's pretrained dVAE here, downloaded at run
+    # time; dalle-dist downloads no weights, so it names what works instead.
+    raise ConfigError(
+        "--vae_path is required with --image_text_folder (DALLE-pytorch would "
+        "download OpenAI's pretrained dVAE here; dalle-dist downloads no weights)",
+        "train one with dalle-dist train-vae --image_folder ... and give --vae_path, "
+        "or use a taming VQGAN: --taming --vqgan_model_path last.ckpt "
+        "--vqgan_config_path model.yaml")
+
+
+def tokenizer_source(data_cfg: DataConfig) -> DataConfig:
+    """The data the image tokenizer is chosen by: token shards encoded from the built-in
+    shapes by the built-in VAE name it by their image size and shapes seed, so training
+    from them finds the same cached VAE without --vae_path."""
+    if not data_cfg.token_shards:
+        return data_cfg
+    manifest = read_manifest(data_cfg.token_shards)
+    shapes = manifest["source"].get("builtin_shapes")
+    if shapes is None:
+        return data_cfg
+    return replace(data_cfg, token_shards=None, image_text_folder=None,
+                   image_size=manifest["image_tokenizer"]["image_size"],
+                   shapes_seed=shapes["seed"])
+
+
+def check_token_shards(directory: str, vae: ImageTokenizer) -> str:
+    """Token shards of another image tokenizer are refused: their ids would index another
+    codebook. Returns the manifest's hash, which the checkpoints record."""
+    manifest = read_manifest(directory)
+    image = manifest["image_tokenizer"]
+    have = content_hash(vae)
+    if image["sha256"] != have:
+        raise ConfigError(
+            f"--token_shards {directory} was encoded by the {image['kind']} "
+            f"{image['sha256'][:12]}, not by this run's image tokenizer ({have[:12]})",
+            "pass the VAE (--vae_path) or VQGAN it was encoded with, or encode again with "
+            "this one")
+    if image["image_size"] != vae.config.image_size or (
+            image["fmap_size"] != vae.config.fmap_size):
+        raise ConfigError(
+            f"--token_shards {directory}: its manifest says {image['image_size']}px -> "
+            f"{image['fmap_size']}x{image['fmap_size']} tokens, the image tokenizer "
+            f"{vae.config.image_size}px -> {vae.config.fmap_size}x{vae.config.fmap_size}",
+            "encode again: the manifest was edited or written by another version")
+    return manifest_sha256(directory)
+
+
+def encode(job: EncodeJob, backend: DistributedBackend, cache_dir: Path | None = None
+           ) -> dict[str, Any]:
+    """`dalle-dist encode` (train/encode.py) with the image tokenizer `train` would use."""
+    set_tf32(backend.device, job.tf32)
+    return encode_images(job, backend, lambda data_cfg, log: image_tokenizer(
+        job.taming, job.run.vae_path, data_cfg, backend, log, cache_dir,
+        job.run.builtin_vae_epochs, job.tf32))
+
+
 def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | None = None
                 ) -> float | None:
     """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere, and
@@ -414,27 +491,8 @@ def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | No
         if vae_path:
             log.info("the checkpoint carries its VAE: --vae_path is not used")
     else:
-        if taming.wanted:
-            vae = backend.everywhere("the VQGAN load", lambda: load_vqgan(
-                taming.vqgan_model_path, taming.vqgan_config_path))
-            log.info(f"image tokens from the VQGAN {taming.vqgan_model_path}: "
-                     f"{vae.config.image_size}px -> {vae.config.fmap_size}x"
-                     f"{vae.config.fmap_size} tokens of {vae.config.num_tokens}")
-        elif vae_path:
-            vae = backend.everywhere("the VAE load", lambda: vae_from_checkpoint(
-                load_checkpoint(vae_path, "--vae_path", "vae")))
-        elif data_cfg.builtin:
-            vae = vae_from_checkpoint(builtin_vae_payload(
-                data_cfg, backend, log, cache_dir, job.run.builtin_vae_epochs, tf32))
-        else:
-            # DALLE-pytorch falls back on OpenAI's pretrained dVAE here, downloaded at run
-            # time; dalle-dist downloads no weights, so it names what works instead.
-            raise ConfigError(
-                "--vae_path is required with --image_text_folder (DALLE-pytorch would "
-                "download OpenAI's pretrained dVAE here; dalle-dist downloads no weights)",
-                "train one with dalle-dist train-vae --image_folder ... and give --vae_path, "
-                "or use a taming VQGAN: --taming --vqgan_model_path last.ckpt "
-                "--vqgan_config_path model.yaml")
+        vae = image_tokenizer(taming, vae_path, tokenizer_source(data_cfg), backend, log,
+                              cache_dir, job.run.builtin_vae_epochs, tf32)
         tokenizer = requested
         model_cfg = DALLEConfig(num_text_tokens=tokenizer.vocab_size,
                                 num_image_tokens=vae.config.num_tokens,
@@ -442,13 +500,17 @@ def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | No
     model_cfg.validate()
 
     data_cfg = replace(data_cfg, image_size=vae.config.image_size, channels=vae.config.channels)
+    data_record = data_cfg.to_dict()
+    if data_cfg.token_shards:
+        data_record["token_shards_manifest_sha256"] = backend.everywhere(
+            "the token shards check", lambda: check_token_shards(data_cfg.token_shards, vae))
     collate = CaptionCollate(tokenizer, model_cfg.text_seq_len, data_cfg.truncate_captions)
     loader = run.loader(lambda workers: checked_loader(
         data_cfg, train_cfg, backend, collate, tokenizer, model_cfg.text_seq_len, log,
         workers, validation.val_fraction), data_cfg, "--image_text_folder")
 
     activation_checkpointing = job.compute.activation_checkpointing
-    task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_cfg.to_dict(), job.run.lr_decay,
+    task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_record, job.run.lr_decay,
                      backend.device, attn_impl, precision=backend.precision(),
                      activation_checkpointing=activation_checkpointing,
                      compile_backend=compile_backend)

@@ -26,6 +26,11 @@ from dalle_dist.train.task import Batch, Task
 SAMPLE_IMAGES = 8
 
 
+def is_tokens(images: torch.Tensor) -> bool:
+    """A batch from token shards holds image token ids, not pixels."""
+    return not images.is_floating_point()
+
+
 def null_captions(text: torch.Tensor, prob: float) -> torch.Tensor:
     """--null_cond_prob: each caption [b, text_seq_len] replaced by the null caption (all
     padding, id 0, which the model turns into its padding tokens) with probability `prob`.
@@ -92,8 +97,11 @@ class DALLETask(Task):
                ) -> tuple[Any, ...]:
         images, text, _ = batch
         images = images.to(device, non_blocking=True)  # async from the loader's pinned memory
-        with torch.no_grad(), self.precision.autocast():
-            image_tokens = self.vae.get_codebook_indices(images)
+        if is_tokens(images):  # --token_shards: encoded once, before training
+            image_tokens = images.long()
+        else:
+            with torch.no_grad(), self.precision.autocast():
+                image_tokens = self.vae.get_codebook_indices(images)
         if training and self.config.null_cond_prob > 0:
             text = null_captions(text, self.config.null_cond_prob)
         return text.to(device, non_blocking=True), image_tokens
@@ -107,6 +115,8 @@ class DALLETask(Task):
         """Top row: training images; bottom row: images sampled from their captions."""
         images, text, _ = batch
         images, text = images[:SAMPLE_IMAGES].to(device), text[:SAMPLE_IMAGES].to(device)
+        if is_tokens(images):  # token shards: the top row is what their tokens decode to
+            images = self.vae.decode(images.long()).float()
         generated = model.generate_images(text, self.vae, filter_thres=0.9)
         return make_grid(torch.cat([images, generated.float()]).cpu(), nrow=len(images))
 

@@ -1,0 +1,188 @@
+"""`dalle-dist encode`: a data set's images through the frozen image tokenizer once, into
+token shards (data/token_shards.py) that `train --token_shards` reads with no image
+decoding and no encoder in its loop (docs/training.md, "Encode once").
+
+Shard k holds samples [k x shard_size, (k + 1) x shard_size) of the source in its own
+order, so a token shard's sample i is the image data set's sample i: the same sampler
+draws the same samples from either, and a run from shards equals a run from the images
+(without random crops). Rank r of W encodes shards r, r + W, ...; each is written whole
+and renamed into place, and rank 0 writes the manifest once every shard is complete. A
+rerun keeps the shards of the same encode (same source, tokenizer and shard size: their
+`encode_id`) and writes the rest.
+
+Each image is read as held-out data is: the largest centred square, resized. Captions
+are stored as text, every line of a caption file, and tokenized when training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dalle_dist.backends import DistributedBackend, DistributedConfig
+from dalle_dist.checkpoint.taming import TamingConfig
+from dalle_dist.config_base import DictConfig, option
+from dalle_dist.data import DataConfig, build_dataset, describe_dataset
+from dalle_dist.data.token_shards import (
+    MANIFEST,
+    read_manifest,
+    shard_is_complete,
+    shard_name,
+    token_dtype,
+    write_manifest,
+    write_shard,
+)
+from dalle_dist.errors import ConfigError, OutputError
+from dalle_dist.model.image_tokenizer import ImageTokenizer, content_hash
+from dalle_dist.train.config import DalleRun
+from dalle_dist.train.run_log import RunLog
+
+
+@dataclass(frozen=True)
+class EncodeConfig(DictConfig):
+    output: str | None = option(
+        None, "folder to write the token shards and their manifest.json into (a rerun "
+        "into the same folder finishes an interrupted encode)", metavar="DIR",
+        default_text="required")
+    shard_size: int = option(10_000, "samples per shard file", metavar="N")
+    encode_batch_size: int = option(64, "images encoded at once per rank", metavar="N",
+                                    name="--batch_size")
+
+    def validate(self) -> None:
+        if not self.output:
+            raise ConfigError("encode needs --output DIR", "name the folder to write the "
+                              "token shards into")
+        if self.shard_size < 1:
+            raise ConfigError(f"--shard_size must be >= 1, got {self.shard_size}")
+        if self.encode_batch_size < 1:
+            raise ConfigError(f"--batch_size must be >= 1, got {self.encode_batch_size}")
+
+
+@dataclass
+class EncodeJob:
+    """Everything `dalle-dist encode` reads."""
+
+    encode: EncodeConfig = field(default_factory=EncodeConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    run: DalleRun = field(default_factory=DalleRun)
+    taming: TamingConfig = field(default_factory=TamingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    tf32: bool = True
+
+    def validate(self) -> None:
+        self.encode.validate()
+        if self.data.wds:
+            raise ConfigError("encode reads image folders and the built-in shapes; "
+                              "WebDataset shards (--wds) are not supported yet",
+                              "unpack the shards into a folder of name.jpg + name.txt")
+
+
+def source_record(data: DataConfig, keys: list[str]) -> dict[str, Any]:
+    """What the shards were encoded from: the folder (or the shapes' count and seed) and
+    a hash of every sample's key in order."""
+    record: dict[str, Any] = (
+        {"builtin_shapes": {"count": data.shapes_count, "seed": data.shapes_seed}}
+        if data.builtin else {"image_text_folder": str(Path(data.image_text_folder).resolve())})
+    record["keys_sha256"] = hashlib.sha256("\n".join(keys).encode()).hexdigest()
+    return record
+
+
+def encode_images(job: EncodeJob, backend: DistributedBackend,
+                  tokenizer_of: Any) -> dict[str, Any]:
+    """Encode the data set of `job` on this rank's shards; returns the manifest.
+
+    tokenizer_of(data_cfg, log) -> the image tokenizer (train.commands.image_tokenizer,
+    passed in: that module imports this one's command)."""
+    cfg = job.encode
+    out = Path(cfg.output)
+    log = RunLog(None, backend.is_root)
+    vae: ImageTokenizer = tokenizer_of(job.data, log)
+    vae = vae.to(backend.device).eval()
+    data_cfg = replace(job.data, image_size=vae.config.image_size,
+                       channels=vae.config.channels)
+    dataset = build_dataset(data_cfg, vae.config.image_size, require_captions=True)
+    log.info(describe_dataset(dataset))
+    keys = dataset.keys()
+    view = dataset.subset(list(range(len(dataset))), evaluation=True)  # centred squares
+    tokenizer_record = {"sha256": content_hash(vae), **{
+        k: getattr(vae.config, k) for k in ("image_size", "fmap_size", "num_tokens",
+                                            "channels")},
+        "kind": type(vae).__name__}
+    encode_id = hashlib.sha256(json.dumps(
+        [tokenizer_record, source_record(data_cfg, keys), cfg.shard_size],
+        sort_keys=True).encode()).hexdigest()[:16]
+    backend.on_root("the output check", lambda: _check_output(out, encode_id))
+
+    count = len(dataset)
+    shards = [(k, k * cfg.shard_size, min((k + 1) * cfg.shard_size, count))
+              for k in range((count + cfg.shard_size - 1) // cfg.shard_size)]
+    mine = shards[backend.rank::backend.world_size]
+    todo = [s for s in mine if not shard_is_complete(out / shard_name(s[0]), s[2] - s[1],
+                                                     encode_id)]
+    if len(todo) < len(mine):
+        log.info(f"{len(mine) - len(todo)} of this rank's {len(mine)} shard(s) are complete "
+                 "from an earlier encode: kept")
+    from tqdm import tqdm
+
+    samples = sum(end - start for _, start, end in todo)
+    started = time.perf_counter()
+    with tqdm(total=samples, unit="img", desc=f"encode (rank {backend.rank})",
+              disable=not backend.is_root, dynamic_ncols=True) as bar:
+        for index, start, end in todo:
+            rows = []
+            for first in range(start, end, cfg.encode_batch_size):
+                batch = range(first, min(first + cfg.encode_batch_size, end))
+                images = torch.stack([view[i][0] for i in batch]).to(backend.device)
+                with torch.no_grad():
+                    rows.append(vae.get_codebook_indices(images).cpu())
+                bar.update(len(batch))
+            write_shard(out / shard_name(index), torch.cat(rows),
+                        ["\n".join(dataset.caption_lines(i)) for i in range(start, end)],
+                        keys[start:end], vae.config.num_tokens, encode_id)
+    seconds = time.perf_counter() - started
+    backend.barrier("the other ranks' shards")
+
+    def finish() -> dict[str, Any]:
+        manifest = {
+            "encode_id": encode_id, "image_tokenizer": tokenizer_record,
+            "source": source_record(data_cfg, keys), "samples": count,
+            "shard_size": cfg.shard_size, "token_dtype": str(token_dtype(
+                vae.config.num_tokens)).removeprefix("torch."),
+            "view": "the largest centred square, resized (no augmentation)",
+            "shards": [{"name": shard_name(k), "start": start, "samples": end - start}
+                       for k, start, end in shards]}
+        incomplete = [m["name"] for m in manifest["shards"] if not shard_is_complete(
+            out / m["name"], m["samples"], encode_id)]
+        if incomplete:
+            raise OutputError(f"--output {out}: {len(incomplete)} shard(s) are missing "
+                              f"after every rank finished, e.g. {incomplete[0]}",
+                              "run the same encode again: it writes only what is missing")
+        write_manifest(out, manifest)
+        return manifest
+
+    manifest = backend.on_root("the manifest", finish)
+    rate = samples / seconds if seconds > 0 else 0.0
+    log.info(f"encoded {samples} images on this rank in {seconds:.1f} s ({rate:.1f} img/s); "
+             f"{out / MANIFEST}: {count} samples in {len(shards)} shard(s) of "
+             f"{vae.config.fmap_size}x{vae.config.fmap_size} tokens of "
+             f"{vae.config.num_tokens}")
+    return manifest
+
+
+def _check_output(out: Path, encode_id: str) -> None:
+    """An output folder holding another encode's manifest is not written over; what a
+    killed encode left half-written (a shard's temporary file) goes."""
+    for leftover in out.glob(".shard-*.tmp"):
+        leftover.unlink(missing_ok=True)
+    if (out / MANIFEST).exists():
+        previous = read_manifest(out, "--output")
+        if previous.get("encode_id") != encode_id:
+            raise OutputError(f"--output {out} holds token shards of another encode "
+                              "(another source, image tokenizer or --shard_size)",
+                              "choose another --output, or remove that folder first")

@@ -1,0 +1,84 @@
+"""The token shard format (data/token_shards.py) read back in one process: what a shard
+holds, how a data set of shards reads, what is refused. The encodes and the training runs
+over shards are tests/backends/test_token_shards.py's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from dalle_dist.data.token_shards import (
+    MANIFEST,
+    TokenShards,
+    read_manifest,
+    shard_is_complete,
+    shard_name,
+    token_dtype,
+    write_manifest,
+    write_shard,
+)
+from dalle_dist.errors import DataError
+
+
+def two_shards(folder: Path, num_tokens: int = 300) -> list[torch.Tensor]:
+    tokens = [torch.randint(num_tokens, (3, 4)), torch.randint(num_tokens, (2, 4))]
+    write_shard(folder / shard_name(0), tokens[0], ["a red circle", "é\nline two", ""],
+                ["k0", "k1", "k2"], num_tokens, "id")
+    write_shard(folder / shard_name(1), tokens[1], ["x", "y"], ["k3", "k4"], num_tokens, "id")
+    write_manifest(folder, {"encode_id": "id", "image_tokenizer": {
+        "sha256": "0" * 64, "image_size": 16, "fmap_size": 2, "num_tokens": num_tokens,
+        "channels": 3, "kind": "DiscreteVAE"}, "source": {}, "samples": 5,
+        "shards": [{"name": shard_name(0), "start": 0, "samples": 3},
+                   {"name": shard_name(1), "start": 3, "samples": 2}]})
+    return tokens
+
+
+def test_rows_keys_and_captions_read_back(tmp_path: Path) -> None:
+    """Row i of the directory is row i of the source: its tokens (widened back to int64),
+    its key and caption; a caption of several lines gives one of them, the held-out view
+    always the first. Caught: an off-by-one shard lookup, a lost UTF-8 character."""
+    tokens = two_shards(tmp_path)
+    data = TokenShards(tmp_path)
+    assert len(data) == 5 and data.keys() == ["k0", "k1", "k2", "k3", "k4"]
+    for i, expected in enumerate(torch.cat(tokens)):
+        got, _ = data[i]
+        assert got.dtype == torch.int64 and torch.equal(got, expected)
+    assert data[0][1] == "a red circle" and data[2][1] == "" and data[4][1] == "y"
+    assert {data[1][1] for _ in range(40)} == {"é", "line two"}
+    assert data.all_captions() == ["a red circle", "é", "line two", "", "x", "y"]
+    held = data.subset([1, 3], evaluation=True)
+    assert held.keys() == ["k1", "k3"] and held[0][1] == "é" and torch.equal(
+        held[1][0], tokens[1][0])
+
+
+def test_a_shard_is_plain_tensors_in_the_smallest_dtype(tmp_path: Path) -> None:
+    """No pickle anywhere (safetensors), ids in uint8 / int16 / int32 by codebook size."""
+    two_shards(tmp_path)
+    with safe_open(str(tmp_path / shard_name(0)), framework="pt") as f:
+        assert set(f.keys()) == {"image_tokens", "caption_bytes", "caption_offsets",
+                                 "key_bytes", "key_offsets"}
+        assert f.get_tensor("image_tokens").dtype == torch.int16  # 300 tokens
+    assert [token_dtype(n) for n in (256, 257, 32768, 32769)] == [
+        torch.uint8, torch.int16, torch.int16, torch.int32]
+    assert shard_is_complete(tmp_path / shard_name(0), 3, "id")
+    assert not shard_is_complete(tmp_path / shard_name(0), 3, "another encode")
+    assert not shard_is_complete(tmp_path / shard_name(0), 4, "id")
+    (tmp_path / "cut.safetensors").write_bytes((tmp_path / shard_name(0)).read_bytes()[:100])
+    assert not shard_is_complete(tmp_path / "cut.safetensors", 3, "id")
+
+
+def test_what_is_not_a_whole_set_of_shards_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"has no manifest\.json"):
+        read_manifest(tmp_path)
+    two_shards(tmp_path)
+    (tmp_path / shard_name(1)).unlink()
+    with pytest.raises(DataError, match=r"1 shard\(s\) of the manifest are missing"):
+        TokenShards(tmp_path)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    (tmp_path / MANIFEST).write_text(json.dumps({**manifest, "version": 99}))
+    with pytest.raises(DataError, match="not a dalle-dist token shards manifest"):
+        read_manifest(tmp_path)
