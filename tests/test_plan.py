@@ -458,3 +458,23 @@ def test_plan_checkpoint_rows_follow_the_format(capsys: pytest.CaptureFixture[st
     text = capsys.readouterr().out
     assert "host memory a rank adds to save and resume, on 4 rank(s)" in text
     assert text.rstrip().splitlines()[-1].startswith("recommendation: ")
+
+
+def test_plan_with_token_shards_counts_no_encode(capsys: pytest.CaptureFixture[str]) -> None:
+    """--token_shards: the step runs no encoder, so no row counts encode activations and
+    none peaks higher than without; the tokenizer's weights stay (the grids decode). With a
+    VQGAN too. Caught: the flag parsed and ignored, or the VQGAN's encode put back."""
+    fixture = Path(__file__).resolve().parent / "fixtures" / "vqgan" / "tiny_vqgan.yaml"
+    for extra in ([], ["--vqgan_config_path", str(fixture)]):
+        reports = []
+        for shards in ([], ["--token_shards", "tokens"]):
+            assert plan_main(["--json", "--device", "cpu", "--batch_size", "64", *extra,
+                              *shards]) == 0
+            reports.append(json.loads(capsys.readouterr().out))
+        images, tokens = reports
+        assert (images["token_shards"], tokens["token_shards"]) == (False, True)
+        for before, after in zip(images["rows"], tokens["rows"], strict=True):
+            assert before["items"]["vae_activations"] > 0
+            assert after["items"]["vae_activations"] == 0
+            assert after["items"]["vae_params"] == before["items"]["vae_params"]
+            assert after["peak"] <= before["peak"]

@@ -84,7 +84,7 @@ COMMANDS = documented_commands()
 def test_the_pages_show_every_command() -> None:
     """The scan itself can fail: it must find the README's examples of each command."""
     shown = {chosen_command(argv) for _, argv in COMMANDS}
-    assert {"train", "train-vae", "generate", "checkpoint", "check", "doctor", "plan",
+    assert {"train", "train-vae", "encode", "generate", "checkpoint", "check", "doctor", "plan",
             "selftest", "flags"} <= shown, shown
     assert len(COMMANDS) > 40
 

@@ -31,7 +31,7 @@ from dataclasses import asdict
 
 from dalle_dist.checkpoint.taming import TamingConfig
 from dalle_dist.config_base import JsonOutput, add_flags, from_args
-from dalle_dist.data.config import TokenizerConfig
+from dalle_dist.data.config import DataConfig, TokenizerConfig
 from dalle_dist.errors import ConfigError
 from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
 from dalle_dist.model.vqgan import VQGANConfig
@@ -66,6 +66,10 @@ def add_plan(p: argparse.ArgumentParser) -> None:
                   "vqgan_config_path": "the VQGAN's model.yaml: its ddconfig, embed_dim and "
                                        "n_embed give the image size, the tokens and the "
                                        "parameters (frozen weights + encode activations)"})
+    add_flags(p.add_argument_group("data (as `train`)"), DataConfig, only=["token_shards"],
+              help={"token_shards": "train from token shards: the step runs no encoder, so "
+                                    "no encode activations are counted (plan reads nothing "
+                                    "from DIR)"})
     plan = p.add_argument_group("plan")
     add_flags(plan, TrainConfig, only=["batch_size"],
               help={"batch_size": "global batch, split over the GPUs"})
@@ -88,9 +92,10 @@ def run_plan(args: argparse.Namespace) -> int:
     stand_in = vae_cfg if vqgan is None else stand_in_vae(vqgan)
     rows = plan.estimate(dalle_cfg, args.batch_size, args.gpus, vae=stand_in,
                          precisions=precisions, device=args.device, attn_impl=args.attn_impl,
-                         activation_checkpointing=args.activation_checkpointing)
+                         activation_checkpointing=args.activation_checkpointing,
+                         token_shards=bool(args.token_shards))
     if vqgan is not None:
-        rows = with_vqgan(rows, vqgan, stand_in, args.device)
+        rows = with_vqgan(rows, vqgan, stand_in, args.device, encodes=not args.token_shards)
     advice = plan.recommend(rows, memory)
     report = _report(dalle_cfg, vqgan or vae_cfg, rows, args, memory, advice)
     if args.json:
@@ -157,6 +162,7 @@ def _report(dalle_cfg: object, vae_cfg: VAEConfig | VQGANConfig, rows: list,
         "batch_size": args.batch_size, "gpus": args.gpus, "gpu_memory_bytes": memory,
         "usable_bytes": budget, "device": args.device,
         "activation_checkpointing": args.activation_checkpointing,
+        "token_shards": bool(args.token_shards),
         "rows": [{"backend": r.backend, "zero_stage": r.zero_stage, "precision": r.precision,
                   "gpus": r.gpus, "micro_batch": r.micro_batch, "params": r.params,
                   "grads": r.grads, "optimizer": r.optimizer, "activations": r.activations,

@@ -132,10 +132,13 @@ def _deepspeed_states(stage: int, p_bytes: int, params: int, n: int) -> tuple[in
 
 def estimate(config: DALLEConfig, batch: int, gpus: int, *, vae: VAEConfig | None = None,
              precisions: Sequence[str] = PRECISIONS, device: str = "cuda",
-             attn_impl: str = "auto", activation_checkpointing: bool = False) -> list[Row]:
+             attn_impl: str = "auto", activation_checkpointing: bool = False,
+             token_shards: bool = False) -> list[Row]:
     """Memory per GPU of every backend x ZeRO stage x precision for a global `batch` split
     over `gpus` (the `single` row holds the whole batch on one GPU), with each block
-    checkpointed under activation_checkpointing."""
+    checkpointed under activation_checkpointing. token_shards: the batches are image
+    token ids (train --token_shards), so no encode runs in the step; the image tokenizer's
+    weights stay (the sample grids decode with it)."""
     if vae is None:
         vae = VAEConfig(image_size=config.image_fmap_size * 4, num_tokens=config.num_image_tokens)
     check_plan(batch, gpus, precisions, device)
@@ -144,7 +147,7 @@ def estimate(config: DALLEConfig, batch: int, gpus: int, *, vae: VAEConfig | Non
         for backend, stage in BACKEND_ORDER:
             n = 1 if _terms(backend).one_gpu else gpus
             rows.append(_row(config, vae, backend, stage, precision, n, batch // n, device,
-                             attn_impl, activation_checkpointing))
+                             attn_impl, activation_checkpointing, token_shards))
     return rows
 
 
@@ -210,7 +213,8 @@ def _states(c: DALLEConfig, terms: PlanTerms, stage: int | None, p_bytes: int, n
 
 
 def _row(c: DALLEConfig, v: VAEConfig, backend: str, stage: int | None, precision: str,
-         n: int, micro: int, device: str, attn_impl: str, checkpointing: bool = False) -> Row:
+         n: int, micro: int, device: str, attn_impl: str, checkpointing: bool = False,
+         token_shards: bool = False) -> Row:
     terms, kind = _terms(backend), PRECISION_KINDS[precision]
     cast = precision in terms.casts_model
     p_bytes = kind.itemsize if cast else 4
@@ -227,14 +231,17 @@ def _row(c: DALLEConfig, v: VAEConfig, backend: str, stage: int | None, precisio
                 **state.buffers}
     if device == "cuda":
         resident["cuda_context"] = CUDA_CONTEXT_BYTES
-    # On CPU the loader's image batch is the model's input and stays referenced all step.
-    image = v.channels * v.image_size**2 * 4 if device == "cpu" else 0
+    # On CPU the loader's image batch is the model's input and stays referenced all step
+    # (from token shards: the ids, widened to int64).
+    image = 0 if device != "cpu" else (
+        v.fmap_size**2 * 8 if token_shards else v.channels * v.image_size**2 * 4)
+    encode = 0 if token_shards else acts.vae_per_sample
     # Gradients that live in buffers kept across steps are there from the start; the
     # others are made by backward and are all alive at the step.
     resident_grads = state.grads if terms.resident_grads else 0
     static = state.params + resident_grads + state.optimizer + sum(resident.values())
     phases = (
-        ("vae", 0, acts.vae_per_sample),
+        ("vae", 0, encode),
         # head_grads: the logits' gradients, made early in backward while the activations
         # are alive (with resident gradients too: after zero_grad(set_to_none) backward
         # makes each afresh before DDP copies it into its bucket)
@@ -253,4 +260,4 @@ def _row(c: DALLEConfig, v: VAEConfig, backend: str, stage: int | None, precisio
                static=static, phases=phases,
                items={"params": state.params, "grads": state.grads,
                       "optimizer": state.optimizer, "activations": activation_bytes,
-                      "vae_activations": acts.vae_per_sample * micro, **buffers})
+                      "vae_activations": encode * micro, **buffers})

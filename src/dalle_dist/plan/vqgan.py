@@ -118,13 +118,14 @@ def stand_in_vae(config: VQGANConfig) -> VAEConfig:
                      num_layers=levels, channels=config.in_channels)
 
 
-def with_vqgan(rows: Sequence[Row], config: VQGANConfig, stand_in: VAEConfig, device: str
-               ) -> list[Row]:
+def with_vqgan(rows: Sequence[Row], config: VQGANConfig, stand_in: VAEConfig, device: str,
+               encodes: bool = True) -> list[Row]:
     """The rows plan.estimate made with `stand_in`, with the VQGAN's frozen fp32 weights
-    and encode bytes where the stand-in VAE's were."""
+    and encode bytes where the stand-in VAE's were (none when the step does not encode:
+    token shards)."""
     weights = 4 * vqgan_parameters(config)
     delta = weights - 4 * vae_parameters(stand_in)
-    per_image = vqgan_encode_bytes(config, device)
+    per_image = vqgan_encode_bytes(config, device) if encodes else 0
     out = []
     for row in rows:
         phases = tuple((name, const, per_image if name == "vae" else per)
