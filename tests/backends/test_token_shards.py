@@ -6,7 +6,10 @@ process and on 2 ranks (the `trained` fixture's fp32 runs are the image side).
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,9 +19,11 @@ from PIL import Image
 
 from dalle_dist.data import ShapesDataset, TextImageFolder
 from dalle_dist.data.token_shards import MANIFEST, TokenShards
+from dalle_dist.data.wds import split_key
 from tests import launch
 from tests.backends.runs import BATCH, ROOT, STEPS, Run, metric_records
 from tests.conftest import assert_user_error, run_cli
+from tests.data.test_wds import write_shards
 
 #: the `trained` runs' data: the first STEPS x BATCH built-in shapes, in 3 shards (30, 30, 20)
 ENCODE = ["--shapes_count", str(STEPS * BATCH), "--shard_size", "30", "--batch_size", "16"]
@@ -175,3 +180,35 @@ def test_an_image_folder_encodes_and_trains_as_its_images(tiny_vae: Path,
     assert len(runs[0][0]) == 4
     assert all(torch.equal(runs[1][1][k], t) for k, t in runs[0][1].items())
     assert TokenShards(tmp_path / "tokens").keys() == TextImageFolder(folder, 16).keys()
+
+
+def test_webdataset_shards_encode_as_they_are_and_a_bad_image_is_skipped(
+        tiny_vae: Path, tmp_path: Path) -> None:
+    """img2dataset-style .tar shards go in with --wds, as `train` takes them; an image
+    member that does not decode is left out, named in the manifest and the log, and the
+    rest train. The shards' keys are WebDataset training's held-out keys."""
+    paths = write_shards(tmp_path / "wds", 2, 5)
+    with tarfile.open(paths[1], "a") as tar:
+        for ext, data in (("png", b"not an image"), ("txt", b"a broken sample")):
+            info = tarfile.TarInfo(f"bad.{ext}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "tokens"
+    encoded = run_cli("encode", "--image_text_folder", str(tmp_path / "wds"), "--wds",
+                      "png,txt", "--vae_path", str(tiny_vae), "--shard_size", "4",
+                      "--output", str(out))
+    assert encoded.returncode == 0, encoded.stderr[-3000:]
+    assert "10 samples in 3 shard(s)" in encoded.stdout
+    assert "skipped 1 unreadable images, e.g. shard-001.tar/bad" in encoded.stdout
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["unreadable_images"] == ["shard-001.tar/bad"]
+    assert manifest["skipped"] == ["ignored 2 samples without both members"]
+    assert [s["samples"] for s in manifest["shards"]] == [4, 4, 2]  # 11 read, 1 left out
+    assert TokenShards(out).keys() == [split_key(paths[s], f"{s:03d}{i:05d}")
+                                       for s in range(2) for i in range(5)]
+    trained = run_cli("train", "--token_shards", str(out), "--vae_path", str(tiny_vae),
+                      "--dim", "32", "--depth", "1", "--heads", "2", "--dim_head", "16",
+                      "--text_seq_len", "24", "--batch_size", "5", "--epochs", "1",
+                      "--dalle_output_file_name", str(tmp_path / "run"))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "10 samples in 3 shard(s)" in trained.stdout

@@ -9,26 +9,33 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from safetensors import safe_open
 
+from dalle_dist.data import TextImageFolder
+from dalle_dist.data.encode_sources import FolderSource, ImageUnreadable, WebDatasetSource
 from dalle_dist.data.token_shards import (
     MANIFEST,
     TokenShards,
     read_manifest,
     shard_is_complete,
+    shard_meta,
     shard_name,
     token_dtype,
     write_manifest,
     write_shard,
 )
+from dalle_dist.data.wds import split_key
 from dalle_dist.errors import DataError
+from tests.data.test_wds import write_shards
 
 
 def two_shards(folder: Path, num_tokens: int = 300) -> list[torch.Tensor]:
     tokens = [torch.randint(num_tokens, (3, 4)), torch.randint(num_tokens, (2, 4))]
     write_shard(folder / shard_name(0), tokens[0], ["a red circle", "é\nline two", ""],
-                ["k0", "k1", "k2"], num_tokens, "id")
-    write_shard(folder / shard_name(1), tokens[1], ["x", "y"], ["k3", "k4"], num_tokens, "id")
+                ["k0", "k1", "k2"], num_tokens, "id", (0, 3))
+    write_shard(folder / shard_name(1), tokens[1], ["x", "y"], ["k3", "k4"], num_tokens, "id",
+                (3, 6), skipped=["k5"])
     write_manifest(folder, {"encode_id": "id", "image_tokenizer": {
         "sha256": "0" * 64, "image_size": 16, "fmap_size": 2, "num_tokens": num_tokens,
         "channels": 3, "kind": "DiscreteVAE"}, "source": {}, "samples": 5,
@@ -64,11 +71,12 @@ def test_a_shard_is_plain_tensors_in_the_smallest_dtype(tmp_path: Path) -> None:
         assert f.get_tensor("image_tokens").dtype == torch.int16  # 300 tokens
     assert [token_dtype(n) for n in (256, 257, 32768, 32769)] == [
         torch.uint8, torch.int16, torch.int16, torch.int32]
-    assert shard_is_complete(tmp_path / shard_name(0), 3, "id")
-    assert not shard_is_complete(tmp_path / shard_name(0), 3, "another encode")
-    assert not shard_is_complete(tmp_path / shard_name(0), 4, "id")
+    assert shard_is_complete(tmp_path / shard_name(0), (0, 3), "id")
+    assert not shard_is_complete(tmp_path / shard_name(0), (0, 3), "another encode")
+    assert not shard_is_complete(tmp_path / shard_name(0), (0, 4), "id")
+    assert shard_meta(tmp_path / shard_name(1))["skipped"] == ["k5"]  # 2 rows of 3 samples
     (tmp_path / "cut.safetensors").write_bytes((tmp_path / shard_name(0)).read_bytes()[:100])
-    assert not shard_is_complete(tmp_path / "cut.safetensors", 3, "id")
+    assert not shard_is_complete(tmp_path / "cut.safetensors", (0, 3), "id")
 
 
 def test_what_is_not_a_whole_set_of_shards_is_refused(tmp_path: Path) -> None:
@@ -82,3 +90,32 @@ def test_what_is_not_a_whole_set_of_shards_is_refused(tmp_path: Path) -> None:
     (tmp_path / MANIFEST).write_text(json.dumps({**manifest, "version": 99}))
     with pytest.raises(DataError, match="not a dalle-dist token shards manifest"):
         read_manifest(tmp_path)
+
+
+def test_webdataset_samples_in_shard_order_with_the_training_keys(tmp_path: Path) -> None:
+    """encode's WebDataset source: shards in order, samples in tar order, the orphan
+    image without a caption left out and counted, each key the one the held-out split of
+    WebDataset training hashes (shard file name / __key__), images centred squares."""
+    paths = write_shards(tmp_path, 2, 3)
+    source = WebDatasetSource(str(tmp_path), "png,txt", 16, 3)
+    assert len(source) == 6 and source.skipped() == ["ignored 2 samples without both members"]
+    assert source.keys() == [split_key(paths[s], f"{s:03d}{i:05d}") for s in range(2)
+                             for i in range(3)]
+    assert [source.caption_lines(i) for i in (0, 5)] == [["sample 0 0"], ["sample 1 2"]]
+    image = source.image(4)
+    assert image.shape == (3, 16, 16) and torch.allclose(
+        image[:, 0, 0], torch.tensor([40, 10, 90]) / 255, atol=1e-6)
+
+
+def test_an_image_that_does_not_decode_is_unreadable_not_replaced(tmp_path: Path) -> None:
+    """An image damaged after the folder's scan (which verified it) fails to decode: the
+    encode source raises, where training's reader takes the next image, so no key is
+    filed with another image's tokens (the encode skips it and names it)."""
+    for i in range(2):
+        Image.new("RGB", (16, 16), (200, 10 * i, 0)).save(tmp_path / f"{i}.jpg", quality=95)
+        (tmp_path / f"{i}.txt").write_text(f"image {i}")
+    source = FolderSource(TextImageFolder(tmp_path, 16))
+    (tmp_path / "1.jpg").write_bytes((tmp_path / "1.jpg").read_bytes()[:300])
+    assert len(source) == 2 and source.image(0).shape == (3, 16, 16)
+    with pytest.raises(ImageUnreadable):
+        source.image(1)

@@ -85,3 +85,26 @@ def test_cache_key_of_the_default_vae_is_stable() -> None:
 
     assert builtin_vae(DataConfig(), Path("c")).path == Path(
         "c/vae/shapes-32px-1cd54a0aef14.pt")
+
+
+def test_shards_encoded_by_the_builtin_vae_train_without_vae_path(
+        cache: tuple[Path, str, Path], tmp_path: Path) -> None:
+    """`encode` on the shapes with no --vae_path uses the cached built-in VAE; `train
+    --token_shards` finds it again from the manifest (image size, shapes seed) with no
+    --vae_path, and trains the same DALL-E as the first run trained from the images.
+    Caught: the token run choosing its VAE from its own default --image_size or seed, or
+    the built-in VAE's cache key moved by the new data field (a second VAE trained)."""
+    cache_dir, _, first = cache
+    env = {"DALLE_DIST_CACHE": str(cache_dir)}
+    encoded = run_cli("encode", "--shapes_count", "64", "--builtin_vae_epochs", "3",
+                      "--output", str(tmp_path / "tokens"), env=env)
+    assert encoded.returncode == 0, encoded.stderr
+    assert "using the cached built-in VAE" in encoded.stdout
+    result = run_cli("train", *TRAIN_FLAGS, "--token_shards", str(tmp_path / "tokens"),
+                     "--dalle_output_file_name", str(tmp_path / "d"), env=env)
+    assert result.returncode == 0, result.stderr
+    assert "using the cached built-in VAE" in result.stdout
+    assert len(list((cache_dir / "vae").glob("*.pt"))) == 1
+    expected = torch.load(first, weights_only=True)["weights"]
+    got = torch.load(tmp_path / "d.pt", weights_only=True)["weights"]
+    assert all(torch.equal(got[k], t) for k, t in expected.items())

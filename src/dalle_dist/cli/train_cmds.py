@@ -188,8 +188,10 @@ def add_encode(p: argparse.ArgumentParser) -> None:
                      "and no encoder in the loop. Under a launcher each rank encodes its own "
                      "shards; a rerun finishes an interrupted encode.")
     group = p.add_argument_group("data")
-    add_flags(group, DataConfig, only=["image_text_folder", "shapes_count", "shapes_seed"],
-              help={"image_text_folder": "folder of name.png + name.txt pairs"})
+    add_flags(group, DataConfig, only=["image_text_folder", "wds", "shapes_count",
+                                       "shapes_seed"],
+              help={"image_text_folder": "folder of name.png + name.txt pairs, or with --wds "
+                                         "WebDataset shards (img2dataset's output as it is)"})
     add_flags(p, EncodeConfig)
     add_flags(p, DalleRun, only=["vae_path"])
     add_flags(p.add_argument_group("VQGAN image tokenizer (taming-transformers), instead of "

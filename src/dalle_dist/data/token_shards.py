@@ -67,9 +67,12 @@ def _strings(values: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def write_shard(path: Path, tokens: torch.Tensor, captions: Sequence[str],
-                keys: Sequence[str], num_tokens: int, encode_id: str) -> None:
+                keys: Sequence[str], num_tokens: int, encode_id: str,
+                source_range: tuple[int, int], skipped: Sequence[str] = ()) -> None:
     """One shard, complete or absent: written beside `path` and renamed into place.
-    encode_id names the encode it belongs to (source, tokenizer, shard size)."""
+    encode_id names the encode it belongs to (source, tokenizer, shard size);
+    source_range the source's samples [start, end) it covers, of which `skipped` (keys)
+    could not be read and have no row."""
     from safetensors.torch import save_file
 
     if not len(captions) == len(keys) == tokens.shape[0]:
@@ -84,22 +87,32 @@ def write_shard(path: Path, tokens: torch.Tensor, captions: Sequence[str],
         # would not be the same bytes twice
         save_file(tensors, str(tmp), metadata={METADATA_KEY: json.dumps(
             {"format": FORMAT, "version": VERSION, "encode_id": encode_id,
-             "samples": tokens.shape[0]}, sort_keys=True)})
+             "samples": tokens.shape[0], "source_range": list(source_range),
+             "skipped": list(skipped)}, sort_keys=True)})
 
 
-def shard_is_complete(path: Path, samples: int, encode_id: str) -> bool:
-    """Whether `path` is a whole shard of `samples` rows written by the encode
-    `encode_id` (a rerun keeps it)."""
+def shard_meta(path: Path) -> dict[str, Any] | None:
+    """What a shard says of itself (encode_id, samples, source_range, skipped), or None
+    for a file that is not a whole shard."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {}).get(METADATA_KEY, "{}"))
-            return (meta.get("format") == FORMAT and meta.get("encode_id") == encode_id
-                    and meta.get("samples") == samples
-                    and f.get_slice("image_tokens").get_shape()[0] == samples)
-    except Exception:  # unreadable or foreign: encode it again
-        return False
+            rows = f.get_slice("image_tokens").get_shape()[0]
+    except Exception:  # unreadable, cut short or foreign
+        return None
+    if meta.get("format") != FORMAT or meta.get("samples") != rows:
+        return None
+    return meta
+
+
+def shard_is_complete(path: Path, source_range: tuple[int, int], encode_id: str) -> bool:
+    """Whether `path` is a whole shard of samples [start, end) written by the encode
+    `encode_id` (a rerun keeps it)."""
+    meta = shard_meta(path)
+    return (meta is not None and meta.get("encode_id") == encode_id
+            and meta.get("source_range") == list(source_range))
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:

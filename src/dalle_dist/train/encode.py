@@ -24,15 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from dalle_dist.backends import DistributedBackend, DistributedConfig
 from dalle_dist.checkpoint.taming import TamingConfig
 from dalle_dist.config_base import DictConfig, option
-from dalle_dist.data import DataConfig, build_dataset, describe_dataset
+from dalle_dist.data import DataConfig
+from dalle_dist.data.encode_sources import ImageSource, ImageUnreadable, encode_source
 from dalle_dist.data.token_shards import (
     MANIFEST,
     read_manifest,
     shard_is_complete,
+    shard_meta,
     shard_name,
     token_dtype,
     write_manifest,
@@ -77,10 +80,6 @@ class EncodeJob:
 
     def validate(self) -> None:
         self.encode.validate()
-        if self.data.wds:
-            raise ConfigError("encode reads image folders and the built-in shapes; "
-                              "WebDataset shards (--wds) are not supported yet",
-                              "unpack the shards into a folder of name.jpg + name.txt")
 
 
 def source_record(data: DataConfig, keys: list[str]) -> dict[str, Any]:
@@ -106,10 +105,9 @@ def encode_images(job: EncodeJob, backend: DistributedBackend,
     vae = vae.to(backend.device).eval()
     data_cfg = replace(job.data, image_size=vae.config.image_size,
                        channels=vae.config.channels)
-    dataset = build_dataset(data_cfg, vae.config.image_size, require_captions=True)
-    log.info(describe_dataset(dataset))
-    keys = dataset.keys()
-    view = dataset.subset(list(range(len(dataset))), evaluation=True)  # centred squares
+    source = encode_source(data_cfg, vae.config.image_size, vae.config.channels)
+    log.info(source.describe())
+    keys = source.keys()
     tokenizer_record = {"sha256": content_hash(vae), **{
         k: getattr(vae.config, k) for k in ("image_size", "fmap_size", "num_tokens",
                                             "channels")},
@@ -119,60 +117,85 @@ def encode_images(job: EncodeJob, backend: DistributedBackend,
         sort_keys=True).encode()).hexdigest()[:16]
     backend.on_root("the output check", lambda: _check_output(out, encode_id))
 
-    count = len(dataset)
+    count = len(source)
     shards = [(k, k * cfg.shard_size, min((k + 1) * cfg.shard_size, count))
               for k in range((count + cfg.shard_size - 1) // cfg.shard_size)]
     mine = shards[backend.rank::backend.world_size]
-    todo = [s for s in mine if not shard_is_complete(out / shard_name(s[0]), s[2] - s[1],
-                                                     encode_id)]
+    todo = [s for s in mine if not shard_is_complete(out / shard_name(s[0]), s[1:], encode_id)]
     if len(todo) < len(mine):
         log.info(f"{len(mine) - len(todo)} of this rank's {len(mine)} shard(s) are complete "
                  "from an earlier encode: kept")
-    from tqdm import tqdm
-
     samples = sum(end - start for _, start, end in todo)
     started = time.perf_counter()
     with tqdm(total=samples, unit="img", desc=f"encode (rank {backend.rank})",
               disable=not backend.is_root, dynamic_ncols=True) as bar:
         for index, start, end in todo:
-            rows = []
-            for first in range(start, end, cfg.encode_batch_size):
-                batch = range(first, min(first + cfg.encode_batch_size, end))
-                images = torch.stack([view[i][0] for i in batch]).to(backend.device)
-                with torch.no_grad():
-                    rows.append(vae.get_codebook_indices(images).cpu())
-                bar.update(len(batch))
-            write_shard(out / shard_name(index), torch.cat(rows),
-                        ["\n".join(dataset.caption_lines(i)) for i in range(start, end)],
-                        keys[start:end], vae.config.num_tokens, encode_id)
+            _encode_shard(vae, source, keys, out / shard_name(index), (start, end),
+                          cfg.encode_batch_size, backend.device, encode_id, bar)
     seconds = time.perf_counter() - started
     backend.barrier("the other ranks' shards")
 
     def finish() -> dict[str, Any]:
-        manifest = {
-            "encode_id": encode_id, "image_tokenizer": tokenizer_record,
-            "source": source_record(data_cfg, keys), "samples": count,
-            "shard_size": cfg.shard_size, "token_dtype": str(token_dtype(
-                vae.config.num_tokens)).removeprefix("torch."),
-            "view": "the largest centred square, resized (no augmentation)",
-            "shards": [{"name": shard_name(k), "start": start, "samples": end - start}
-                       for k, start, end in shards]}
-        incomplete = [m["name"] for m in manifest["shards"] if not shard_is_complete(
-            out / m["name"], m["samples"], encode_id)]
+        metas = [shard_meta(out / shard_name(k)) for k, _, _ in shards]
+        incomplete = [shard_name(k) for (k, start, end), meta in zip(shards, metas, strict=True)
+                      if meta is None or meta.get("encode_id") != encode_id
+                      or meta.get("source_range") != [start, end]]
         if incomplete:
             raise OutputError(f"--output {out}: {len(incomplete)} shard(s) are missing "
                               f"after every rank finished, e.g. {incomplete[0]}",
                               "run the same encode again: it writes only what is missing")
+        unreadable = [key for meta in metas for key in meta["skipped"]]
+        manifest = {
+            "encode_id": encode_id, "image_tokenizer": tokenizer_record,
+            "source": source_record(data_cfg, keys), "source_samples": count,
+            "samples": count - len(unreadable), "shard_size": cfg.shard_size,
+            "token_dtype": str(token_dtype(vae.config.num_tokens)).removeprefix("torch."),
+            "view": "the largest centred square, resized (no augmentation)",
+            # what the source's scan left out, and the images that did not decode
+            "skipped": source.skipped(), "unreadable_images": unreadable,
+            "shards": [{"name": shard_name(k), "start": start, "samples": meta["samples"]}
+                       for (k, start, _), meta in zip(shards, metas, strict=True)]}
         write_manifest(out, manifest)
         return manifest
 
     manifest = backend.on_root("the manifest", finish)
     rate = samples / seconds if seconds > 0 else 0.0
+    unreadable = manifest["unreadable_images"]
     log.info(f"encoded {samples} images on this rank in {seconds:.1f} s ({rate:.1f} img/s); "
-             f"{out / MANIFEST}: {count} samples in {len(shards)} shard(s) of "
+             f"{out / MANIFEST}: {manifest['samples']} samples in {len(shards)} shard(s) of "
              f"{vae.config.fmap_size}x{vae.config.fmap_size} tokens of "
-             f"{vae.config.num_tokens}")
+             f"{vae.config.num_tokens}" + (
+                 f"; skipped {len(unreadable)} unreadable images, e.g. {unreadable[0]}"
+                 if unreadable else ""))
     return manifest
+
+
+def _encode_shard(vae: ImageTokenizer, source: ImageSource, keys: list[str], path: Path,
+                  source_range: tuple[int, int], batch_size: int, device: torch.device,
+                  encode_id: str, bar: Any) -> None:
+    """Samples [start, end) of `source` through `vae`, written as one shard; an image
+    that does not decode is left out and named in the shard's metadata."""
+    start, end = source_range
+    rows: list[torch.Tensor] = []
+    kept: list[int] = []
+    skipped: list[str] = []
+    for first in range(start, end, batch_size):
+        images = []
+        for i in range(first, min(first + batch_size, end)):
+            try:
+                images.append(source.image(i))
+                kept.append(i)
+            except ImageUnreadable:
+                skipped.append(keys[i])
+        if images:
+            with torch.no_grad():
+                rows.append(vae.get_codebook_indices(torch.stack(images).to(device)).cpu())
+        bar.update(min(first + batch_size, end) - first)
+    fmap = vae.config.fmap_size
+    tokens = torch.cat(rows) if rows else torch.zeros(0, fmap * fmap, dtype=torch.long)
+    write_shard(path, tokens, ["\n".join(source.caption_lines(i)) for i in kept],
+                [keys[i] for i in kept], vae.config.num_tokens, encode_id, source_range,
+                skipped)
 
 
 def _check_output(out: Path, encode_id: str) -> None:
