@@ -12,7 +12,12 @@ from PIL import Image
 
 from dalle_dist.data import CaptionCollate
 from dalle_dist.data.tokenizer import ByteTokenizer
-from dalle_dist.data.wds import WebDatasetLoader, index_shard, shard_paths
+from dalle_dist.data.wds import (
+    WebDatasetLoader,
+    index_shard,
+    shard_paths,
+    skipped_per_worker,
+)
 from dalle_dist.errors import DataError
 from tests import launch
 from tests.conftest import TINY_DALLE_FLAGS
@@ -134,3 +139,37 @@ def test_undecodable_images_do_not_leave_a_rank_short(tmp_path: Path) -> None:
     assert len(source) == 3, "indexing counts 9 complete samples"
     captions = captions_of(source)
     assert len(captions) == 9 and "broken sample" not in captions
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resumed_epoch_drops_its_first_batches_undecoded(tmp_path: Path,
+                                                           workers: int) -> None:
+    """epoch(e, start=k) yields batches k.. of the uninterrupted epoch, the same samples
+    in the same order, with loader workers too (the DataLoader takes their batches in
+    turn; 3 shards give worker 0 two of them), and decodes none of the k x batch skipped
+    samples. Caught: skipping whole batches per worker in the wrong proportion, or
+    skipping after decoding (a resume at a late position decodes the whole prefix)."""
+    write_shards(tmp_path, 3, 9)
+    whole = [captions for _, _, captions in loader(tmp_path, 0, 1, workers).epoch(0)]
+    assert len(whole) == 6
+    for start in (1, 4):
+        source = loader(tmp_path, 0, 1, workers)
+        decoded = tmp_path / f"decoded-{start}"
+        convert = source.convert
+
+        def counted(sample: dict, convert=convert, decoded=decoded) -> tuple:
+            with open(decoded, "a") as f:  # loader workers are other processes
+                f.write("x")
+            return convert(sample)
+
+        source.convert = counted
+        resumed = [captions for _, _, captions in source.epoch(0, start=start)]
+        assert resumed == whole[start:], start
+        # at most the samples after the skipped ones (27 in all) pass the decode
+        assert (6 - start) * 4 <= decoded.read_text().count("x") <= 27 - 4 * start
+
+
+def test_skipped_batches_follow_the_loaders_turns() -> None:
+    assert skipped_per_worker(5, [2, 2, 2]) == ([2, 2, 1], 2)
+    assert skipped_per_worker(3, [1, 3]) == ([1, 2], 0)  # worker 0 ran out after one
+    assert skipped_per_worker(0, [2, 1]) == ([0, 0], 0)

@@ -188,9 +188,10 @@ class WebDatasetLoader:
         return (f"webdataset: {total} {kind} in {len(self.index)} shards, "
                 f"{self.steps} steps per epoch per rank{held}")
 
-    def pipeline(self, shards: list[str], want_held_out: bool) -> Any:
+    def pipeline(self, shards: list[str], want_held_out: bool, first_group: int = 0) -> Any:
         """The samples of `shards` with every member, of the training part or (with
-        want_held_out) of the held-out part, undecoded."""
+        want_held_out) of the held-out part, undecoded. Loader worker w reads the shards
+        of group (w + first_group) % workers, group g being shards[g::workers]."""
         import webdataset as wds
 
         keys, fraction = (self.image_key, self.caption_key), self.val_fraction
@@ -200,16 +201,32 @@ class WebDatasetLoader:
                 split_key(sample["__url__"], sample["__key__"]), fraction) == want_held_out)
 
         return (wds.WebDataset(shards, shardshuffle=False, nodesplitter=None,
-                               workersplitter=wds.split_by_worker, empty_check=False,
+                               workersplitter=split_by_worker_from(first_group),
+                               empty_check=False,
                                handler=wds.warn_and_continue)
                 .select(wanted))
 
-    def _one_pass(self, seed: int) -> Iterator[Any]:
+    def worker_batches(self) -> list[int]:
+        """Full batches each loader worker yields (the main process: one entry): a worker
+        batches its own shards, split_by_worker deals them out round-robin."""
+        workers = max(self.num_workers, 1)
+        counts = [s.samples for s in self.index if str(s.path) in set(self.shards)]
+        return [sum(counts[w::workers]) // self.batch_size for w in range(workers)]
+
+    def _one_pass(self, seed: int, skip: int = 0) -> Iterator[Any]:
+        """One pass over this rank's shards, less its first `skip` batches, which are
+        dropped before decoding (see skip_before_decode)."""
         import webdataset as wds
 
-        pipeline = (self.pipeline(self.shards, False)
-                    .shuffle(SHUFFLE_BUFFER, seed=seed)
-                    .map(self.convert, handler=wds.warn_and_continue))
+        taken, first_group = skipped_per_worker(skip, self.worker_batches())
+        # the DataLoader takes its first batch from worker 0: that worker reads the group
+        # whose turn it is after the skipped batches
+        pipeline = self.pipeline(self.shards, False, first_group).shuffle(
+            SHUFFLE_BUFFER, seed=seed)
+        if skip:
+            pipeline = pipeline.compose(skip_before_decode(taken, first_group,
+                                                           self.batch_size))
+        pipeline = pipeline.map(self.convert, handler=wds.warn_and_continue)
         # a DataLoader per pass (its shuffle seed differs): workers cannot persist
         return iter(torch.utils.data.DataLoader(
             pipeline, batch_size=self.batch_size, num_workers=self.num_workers,
@@ -217,22 +234,67 @@ class WebDatasetLoader:
             prefetch_factor=PREFETCH_FACTOR if self.num_workers else None))
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Any]:
-        """Exactly len(self) batches, from batch `start` on (a resumed run: the earlier
-        ones are read and dropped, since a tar stream has no index to seek by).
+        """Exactly len(self) batches, from batch `start` on. A resumed run's earlier
+        batches are read as undecoded tar members and dropped before decoding: a tar
+        stream has no index to seek by, but reading bytes costs a small part of decoding
+        and cropping them. The batches that follow are those of an uninterrupted epoch,
+        unless an image before `start` failed to decode (then they begin one sample
+        later per such image).
 
         Each sample once, unless undecodable samples were skipped: then a second pass
         tops the epoch up, so this rank does not run short and leave the others waiting
         in an all-reduce."""
         def passes() -> Iterator[Any]:
             for attempt in itertools.count():
+                skip = 0 if attempt else start
                 produced = 0
-                for batch in self._one_pass(self.seed + epoch + 1_000_003 * attempt):
+                for batch in self._one_pass(self.seed + epoch + 1_000_003 * attempt, skip):
                     produced += 1
                     yield batch
-                if produced == 0:
+                if produced == 0 and not skip:
                     raise DataError("no sample of this rank's WebDataset shards could be "
                                     "decoded", "check the shards' images")
-        return itertools.islice(passes(), start, self.steps)
+        return itertools.islice(passes(), self.steps - start)
+
+
+def skipped_per_worker(skip: int, worker_batches: list[int]) -> tuple[list[int], int]:
+    """How many of the first `skip` batches each shard group (worker) made, and the group
+    whose turn is next. A DataLoader takes batches from its workers in turn, passing over
+    a worker that has run out."""
+    taken = [0] * len(worker_batches)
+    group = 0
+    for _ in range(min(skip, sum(worker_batches))):
+        while taken[group] >= worker_batches[group]:
+            group = (group + 1) % len(taken)
+        taken[group] += 1
+        group = (group + 1) % len(taken)
+    return taken, group
+
+
+def split_by_worker_from(first_group: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """webdataset's split_by_worker with the groups rotated: worker w takes the shards
+    g, g + workers, ... of g = (w + first_group) % workers."""
+    def split(shards: Iterator[Any]) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            yield from shards
+            return
+        group = (info.id + first_group) % info.num_workers
+        for i, shard in enumerate(shards):
+            if i % info.num_workers == group:
+                yield shard
+    return split
+
+
+def skip_before_decode(per_group: list[int], first_group: int, batch_size: int
+                       ) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """A pipeline stage that drops this worker's group's share of the skipped batches,
+    as undecoded samples."""
+    def stage(samples: Iterator[Any]) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        group = (info.id + first_group) % info.num_workers if info is not None else 0
+        return itertools.islice(samples, per_group[group] * batch_size, None)
+    return stage
 
 
 class WebDatasetHeldOut:
