@@ -212,3 +212,28 @@ def test_webdataset_shards_encode_as_they_are_and_a_bad_image_is_skipped(
                       "--dalle_output_file_name", str(tmp_path / "run"))
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "10 samples in 3 shard(s)" in trained.stdout
+
+
+def test_crops_and_flips_are_samples_of_their_own(shards: Path, tiny_vae: Path,
+                                                  tmp_path: Path) -> None:
+    """--crops 2 --flip: 4 samples per image, the first of each the plain encode's row,
+    the rest crops and mirrors with their own keys, which the held-out split folds back
+    onto the image's (a view never lands on the other side of its image). They train."""
+    out = tmp_path / "views"
+    encoded = run_cli("encode", "--vae_path", str(tiny_vae), *ENCODE, "--crops", "2",
+                      "--flip", "--output", str(out))
+    assert encoded.returncode == 0, encoded.stderr[-3000:]
+    assert "320 samples in 3 shard(s)" in encoded.stdout
+    views, plain = TokenShards(out), TokenShards(shards)
+    assert len(views) == 4 * len(plain)
+    assert views.sample_keys()[:4] == ["0", "0#0f", "0#1", "0#1f"]
+    assert views.keys() == [key for key in plain.keys() for _ in range(4)]
+    for i in (0, 37, 79):
+        assert torch.equal(views[4 * i][0], plain[i][0]), i
+        assert views[4 * i + 2][1] == plain[i][1]  # a view keeps its image's caption
+    assert not torch.equal(views[1][0], views[0][0])
+    trained = run_cli("train", "--token_shards", str(out), "--vae_path", str(tiny_vae),
+                      "--dim", "32", "--depth", "1", "--heads", "2", "--dim_head", "16",
+                      "--text_seq_len", "40", "--batch_size", "64", "--epochs", "1",
+                      "--val_fraction", "0.2", "--dalle_output_file_name", str(tmp_path / "r"))
+    assert trained.returncode == 0, trained.stderr[-3000:]

@@ -13,7 +13,14 @@ from PIL import Image
 from safetensors import safe_open
 
 from dalle_dist.data import TextImageFolder
-from dalle_dist.data.encode_sources import FolderSource, ImageUnreadable, WebDatasetSource
+from dalle_dist.data.encode_sources import (
+    FolderSource,
+    ImageUnreadable,
+    WebDatasetSource,
+    base_key,
+    view_keys,
+    views,
+)
 from dalle_dist.data.token_shards import (
     MANIFEST,
     TokenShards,
@@ -102,9 +109,8 @@ def test_webdataset_samples_in_shard_order_with_the_training_keys(tmp_path: Path
     assert source.keys() == [split_key(paths[s], f"{s:03d}{i:05d}") for s in range(2)
                              for i in range(3)]
     assert [source.caption_lines(i) for i in (0, 5)] == [["sample 0 0"], ["sample 1 2"]]
-    image = source.image(4)
-    assert image.shape == (3, 16, 16) and torch.allclose(
-        image[:, 0, 0], torch.tensor([40, 10, 90]) / 255, atol=1e-6)
+    picture = source.picture(4)  # 20 x 16, whole
+    assert picture.size == (20, 16) and picture.getpixel((0, 0)) == (40, 10, 90)
 
 
 def test_an_image_that_does_not_decode_is_unreadable_not_replaced(tmp_path: Path) -> None:
@@ -116,6 +122,26 @@ def test_an_image_that_does_not_decode_is_unreadable_not_replaced(tmp_path: Path
         (tmp_path / f"{i}.txt").write_text(f"image {i}")
     source = FolderSource(TextImageFolder(tmp_path, 16))
     (tmp_path / "1.jpg").write_bytes((tmp_path / "1.jpg").read_bytes()[:300])
-    assert len(source) == 2 and source.image(0).shape == (3, 16, 16)
+    assert len(source) == 2 and source.picture(0).size == (16, 16)
     with pytest.raises(ImageUnreadable):
-        source.image(1)
+        source.picture(1)
+
+
+def test_views_and_their_keys() -> None:
+    """--crops 3 --flip: the centred square first (what an encode without views writes),
+    two random crops from the image's generator, each followed by its mirror; keys that
+    the split folds back onto the image's. Caught: a crop drawn from the global RNG (two
+    encodes differ), or a mirror of the wrong view."""
+    picture = Image.new("RGB", (64, 48))
+    picture.putdata([(x * 4, y * 5, (x * y) % 256) for y in range(48) for x in range(64)])
+    first, again = (views(picture, 16, 3, 3, True, 0.5, torch.Generator().manual_seed(7))
+                    for _ in range(2))
+    assert len(first) == 6 and all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert torch.equal(first[0], views(picture, 16, 3, 1, False, 0.5,
+                                       torch.Generator())[0])
+    for plain, mirrored in zip(first[::2], first[1::2], strict=True):
+        assert torch.equal(mirrored, plain.flip(-1))
+    assert not torch.equal(first[2], first[4])
+    keys = view_keys("a/b", 3, True)
+    assert keys == ["a/b", "a/b#0f", "a/b#1", "a/b#1f", "a/b#2", "a/b#2f"]
+    assert {base_key(k) for k in keys} == {"a/b"} and view_keys("k", 1, False) == ["k"]

@@ -189,9 +189,11 @@ def add_encode(p: argparse.ArgumentParser) -> None:
                      "shards; a rerun finishes an interrupted encode.")
     group = p.add_argument_group("data")
     add_flags(group, DataConfig, only=["image_text_folder", "wds", "shapes_count",
-                                       "shapes_seed"],
+                                       "shapes_seed", "resize_ratio"],
               help={"image_text_folder": "folder of name.png + name.txt pairs, or with --wds "
-                                         "WebDataset shards (img2dataset's output as it is)"})
+                                         "WebDataset shards (img2dataset's output as it is)",
+                    "resize_ratio": "with --crops: the random crops keep at least this "
+                                    "fraction of the image's area"})
     add_flags(p, EncodeConfig)
     add_flags(p, DalleRun, only=["vae_path"])
     add_flags(p.add_argument_group("VQGAN image tokenizer (taming-transformers), instead of "

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from dalle_dist.data.config import DataConfig
 from dalle_dist.data.folder import TextImageFolder
-from dalle_dist.data.images import center_crop, pil_to_tensor, to_mode
-from dalle_dist.data.shapes import ShapesDataset
+from dalle_dist.data.images import center_crop, pil_to_tensor, random_resized_crop, to_mode
+from dalle_dist.data.shapes import ShapesDataset, render
 from dalle_dist.data.wds import MEMBER_NAME, parse_keys, shard_paths, split_key
 from dalle_dist.errors import ConfigError, DataError
 
@@ -40,8 +40,8 @@ class ImageSource(Protocol):
 
     def caption_lines(self, index: int) -> list[str]: ...
 
-    def image(self, index: int) -> torch.Tensor:
-        """[C, S, S] in [0, 1]; raises ImageUnreadable."""
+    def picture(self, index: int) -> Image.Image:
+        """The decoded image, whole, in the tokenizer's mode; raises ImageUnreadable."""
         ...
 
     def describe(self) -> str: ...
@@ -51,12 +51,42 @@ class ImageSource(Protocol):
         ...
 
 
-def _decode(data: bytes | Path, size: int, channels: int) -> torch.Tensor:
+def _decode(data: bytes | Path, channels: int) -> Image.Image:
     try:
         with Image.open(data if isinstance(data, Path) else io.BytesIO(data)) as img:
-            return pil_to_tensor(center_crop(to_mode(img, channels), size), channels)
+            img.load()
+            return to_mode(img, channels)
     except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as exc:
         raise ImageUnreadable(str(exc)) from None
+
+
+def views(picture: Image.Image, size: int, channels: int, crops: int, flip: bool,
+          lower_ratio: float, generator: torch.Generator) -> list[torch.Tensor]:
+    """The samples one image gives: its largest centred square, then crops - 1 random
+    square crops of [lower_ratio, 1] of its area (drawn from `generator`), each resized
+    to `size`; with flip each is followed by its mirror image."""
+    squares = [center_crop(picture, size)] + [
+        random_resized_crop(picture, size, lower_ratio, generator) for _ in range(crops - 1)]
+    out = []
+    for square in squares:
+        out.append(pil_to_tensor(square, channels))
+        if flip:
+            out.append(pil_to_tensor(ImageOps.mirror(square), channels))
+    return out
+
+
+def view_keys(key: str, crops: int, flip: bool) -> list[str]:
+    """The samples' keys, in views' order: the image's own for its centred square, then
+    KEY#j for crop j and a trailing f for a mirror image (KEY#0f: the centred square's).
+    The held-out split hashes the part before '#', so an image's views stay together."""
+    names = [key] + [f"{key}#{j}" for j in range(1, crops)]
+    if not flip:
+        return names
+    return [n for name in names for n in (name, f"{key}#0f" if name == key else name + "f")]
+
+
+def base_key(key: str) -> str:
+    return key.split("#", 1)[0]
 
 
 class FolderSource:
@@ -72,8 +102,8 @@ class FolderSource:
     def caption_lines(self, index: int) -> list[str]:
         return self.folder.caption_lines(index)
 
-    def image(self, index: int) -> torch.Tensor:
-        return _decode(self.folder.images[index], self.folder.image_size, self.folder.channels)
+    def picture(self, index: int) -> Image.Image:
+        return _decode(self.folder.images[index], self.folder.channels)
 
     def describe(self) -> str:
         return self.folder.report.summary("image-text pairs")
@@ -95,8 +125,10 @@ class ShapesSource:
     def caption_lines(self, index: int) -> list[str]:
         return self.shapes.caption_lines(index)
 
-    def image(self, index: int) -> torch.Tensor:
-        return self.shapes[index][0]
+    def picture(self, index: int) -> Image.Image:
+        shapes = self.shapes
+        spec = shapes.spec(index if shapes.indices is None else shapes.indices[index])
+        return to_mode(render(spec, shapes.image_size), shapes.channels)
 
     def describe(self) -> str:
         return f"built-in shapes: {len(self.shapes)} images of {self.shapes.image_size}px"
@@ -158,7 +190,7 @@ class WebDatasetSource:
     def caption_lines(self, index: int) -> list[str]:
         return list(self.samples[index].captions)
 
-    def image(self, index: int) -> torch.Tensor:
+    def picture(self, index: int) -> Image.Image:
         member = self.samples[index]
         tar = self._open.get(member.shard)
         if tar is None:  # shards are read in order: keep one open
@@ -166,7 +198,7 @@ class WebDatasetSource:
                 old.close()
             self._open = {member.shard: tarfile.open(self.paths[member.shard])}
             tar = self._open[member.shard]
-        return _decode(tar.extractfile(member.image).read(), self.image_size, self.channels)
+        return _decode(tar.extractfile(member.image).read(), self.channels)
 
     def describe(self) -> str:
         return f"webdataset: {len(self)} samples in {len(self.paths)} shards"

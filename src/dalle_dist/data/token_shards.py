@@ -223,7 +223,12 @@ class TokenShards(Dataset):
         return values if self.rows is None else [values[r] for r in self.rows]
 
     def keys(self) -> list[str]:
-        """Each sample's key, as its source named it (the held-out split's hash input)."""
+        """Each sample's image's key, as its source named it: the held-out split's hash
+        input, so all views of one image (KEY, KEY#j, KEY#0f ...) fall on one side."""
+        return [key.split("#", 1)[0] for key in self._all("key")]
+
+    def sample_keys(self) -> list[str]:
+        """Each sample's own key (an image's views told apart)."""
         return self._all("key")
 
     def all_captions(self) -> list[str]:

@@ -30,7 +30,13 @@ from dalle_dist.backends import DistributedBackend, DistributedConfig
 from dalle_dist.checkpoint.taming import TamingConfig
 from dalle_dist.config_base import DictConfig, option
 from dalle_dist.data import DataConfig
-from dalle_dist.data.encode_sources import ImageSource, ImageUnreadable, encode_source
+from dalle_dist.data.encode_sources import (
+    ImageSource,
+    ImageUnreadable,
+    encode_source,
+    view_keys,
+    views,
+)
 from dalle_dist.data.token_shards import (
     MANIFEST,
     read_manifest,
@@ -53,7 +59,14 @@ class EncodeConfig(DictConfig):
         None, "folder to write the token shards and their manifest.json into (a rerun "
         "into the same folder finishes an interrupted encode)", metavar="DIR",
         default_text="required")
-    shard_size: int = option(10_000, "samples per shard file", metavar="N")
+    shard_size: int = option(10_000, "source images per shard file (each gives --crops x "
+                             "(2 with --flip) samples)", metavar="N")
+    crops: int = option(1, "samples per image: its largest centred square, then N - 1 random "
+                        "square crops of --random_resize_crop_lower_ratio to all of its area "
+                        "(LlamaGen's ten-crop idea), each a sample with its own key",
+                        metavar="N")
+    flip: bool = option(False, "also encode each view mirrored left to right, as a sample "
+                        "of its own")
     encode_batch_size: int = option(64, "images encoded at once per rank", metavar="N",
                                     name="--batch_size")
 
@@ -65,6 +78,9 @@ class EncodeConfig(DictConfig):
             raise ConfigError(f"--shard_size must be >= 1, got {self.shard_size}")
         if self.encode_batch_size < 1:
             raise ConfigError(f"--batch_size must be >= 1, got {self.encode_batch_size}")
+        if self.crops < 1:
+            raise ConfigError(f"--crops must be >= 1, got {self.crops}",
+                              "1 encodes the centred square alone")
 
 
 @dataclass
@@ -112,8 +128,10 @@ def encode_images(job: EncodeJob, backend: DistributedBackend,
         k: getattr(vae.config, k) for k in ("image_size", "fmap_size", "num_tokens",
                                             "channels")},
         "kind": type(vae).__name__}
+    view = {"crops": cfg.crops, "flip": cfg.flip, "per_image": cfg.crops * (2 if cfg.flip else 1),
+            "lower_ratio": data_cfg.resize_ratio if cfg.crops > 1 else 1.0}
     encode_id = hashlib.sha256(json.dumps(
-        [tokenizer_record, source_record(data_cfg, keys), cfg.shard_size],
+        [tokenizer_record, source_record(data_cfg, keys), cfg.shard_size, view],
         sort_keys=True).encode()).hexdigest()[:16]
     backend.on_root("the output check", lambda: _check_output(out, encode_id))
 
@@ -131,7 +149,7 @@ def encode_images(job: EncodeJob, backend: DistributedBackend,
               disable=not backend.is_root, dynamic_ncols=True) as bar:
         for index, start, end in todo:
             _encode_shard(vae, source, keys, out / shard_name(index), (start, end),
-                          cfg.encode_batch_size, backend.device, encode_id, bar)
+                          cfg.encode_batch_size, backend.device, encode_id, bar, view)
     seconds = time.perf_counter() - started
     backend.barrier("the other ranks' shards")
 
@@ -148,9 +166,11 @@ def encode_images(job: EncodeJob, backend: DistributedBackend,
         manifest = {
             "encode_id": encode_id, "image_tokenizer": tokenizer_record,
             "source": source_record(data_cfg, keys), "source_samples": count,
-            "samples": count - len(unreadable), "shard_size": cfg.shard_size,
+            "samples": sum(meta["samples"] for meta in metas),
+            "shard_size": cfg.shard_size,
             "token_dtype": str(token_dtype(vae.config.num_tokens)).removeprefix("torch."),
-            "view": "the largest centred square, resized (no augmentation)",
+            # the largest centred square resized, then random crops, each maybe mirrored
+            "view": view,
             # what the source's scan left out, and the images that did not decode
             "skipped": source.skipped(), "unreadable_images": unreadable,
             "shards": [{"name": shard_name(k), "start": start, "samples": meta["samples"]}
@@ -172,30 +192,38 @@ def encode_images(job: EncodeJob, backend: DistributedBackend,
 
 def _encode_shard(vae: ImageTokenizer, source: ImageSource, keys: list[str], path: Path,
                   source_range: tuple[int, int], batch_size: int, device: torch.device,
-                  encode_id: str, bar: Any) -> None:
-    """Samples [start, end) of `source` through `vae`, written as one shard; an image
-    that does not decode is left out and named in the shard's metadata."""
+                  encode_id: str, bar: Any, view: dict[str, Any]) -> None:
+    """Images [start, end) of `source` through `vae`, each as its views' samples, written
+    as one shard; an image that does not decode is left out and named in the shard's
+    metadata. An image's random crops are drawn from a generator seeded by its key: a
+    rerun, or another rank count, draws the same ones."""
     start, end = source_range
+    size, channels = vae.config.image_size, vae.config.channels
     rows: list[torch.Tensor] = []
-    kept: list[int] = []
+    captions: list[str] = []
+    row_keys: list[str] = []
     skipped: list[str] = []
     for first in range(start, end, batch_size):
-        images = []
+        images: list[torch.Tensor] = []
         for i in range(first, min(first + batch_size, end)):
             try:
-                images.append(source.image(i))
-                kept.append(i)
+                picture = source.picture(i)
             except ImageUnreadable:
                 skipped.append(keys[i])
+                continue
+            seed = int(hashlib.sha256(keys[i].encode()).hexdigest()[:15], 16)
+            images += views(picture, size, channels, view["crops"], view["flip"],
+                            view["lower_ratio"], torch.Generator().manual_seed(seed))
+            row_keys += view_keys(keys[i], view["crops"], view["flip"])
+            captions += ["\n".join(source.caption_lines(i))] * view["per_image"]
         if images:
             with torch.no_grad():
                 rows.append(vae.get_codebook_indices(torch.stack(images).to(device)).cpu())
         bar.update(min(first + batch_size, end) - first)
     fmap = vae.config.fmap_size
     tokens = torch.cat(rows) if rows else torch.zeros(0, fmap * fmap, dtype=torch.long)
-    write_shard(path, tokens, ["\n".join(source.caption_lines(i)) for i in kept],
-                [keys[i] for i in kept], vae.config.num_tokens, encode_id, source_range,
-                skipped)
+    write_shard(path, tokens, captions, row_keys, vae.config.num_tokens, encode_id,
+                source_range, skipped)
 
 
 def _check_output(out: Path, encode_id: str) -> None:
