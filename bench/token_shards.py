@@ -10,9 +10,11 @@ turns for --rounds rounds. A run's speed is the median of its logged `samples_pe
 medians over rounds. Both read the same samples in the same order (the runs are equal
 bit for bit: tests/backends/test_token_shards.py).
 
-Resume start-up is not measured: folder, shapes and token shard data sets are read by
-index and seek (the sampler skips indices, reading nothing); only WebDataset image shards
-replay, and encode does not read them yet.
+Resume start-up: the time to the first batch of an epoch resumed at 90% of its batches,
+for WebDataset image shards (--wds_images JPEGs of 256 px read at 128 px) read three
+ways: dropping the earlier batches undecoded (what a resume does), decoding and then
+dropping them (what it did before), and from token shards of the same samples (the
+sampler skips indices, reading nothing). Folder and shapes data seek as token shards do.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--wds_images", type=int, default=1600,
+                        help="WebDataset samples for the resume figure")
     args = parser.parse_args()
     result: dict[str, Any] = {"settings": vars(args), "vae": VAE, "dalle": DALLE, "runs": {}}
     count = args.steps * args.batch_size
@@ -99,7 +103,69 @@ def main() -> None:
                     "tokens_samples_per_s": round(medians["tokens"], 2),
                     "ratio": round(medians["tokens"] / medians["images"], 3),
                     "rounds": {k: [round(x, 2) for x in v] for k, v in speeds.items()}}
+        result["resume_first_batch_s"] = resume_first_batch(folder, args.wds_images)
     emit(result)
+
+
+def resume_first_batch(folder: Path, count: int) -> dict[str, float]:
+    """Seconds to the first batch of an epoch resumed at 90% of its batches."""
+    import io
+    import itertools
+    import tarfile
+    import time
+
+    import torch
+    from PIL import Image
+
+    from dalle_dist.data import CaptionCollate, EpochLoader
+    from dalle_dist.data.token_shards import write_manifest, write_shard
+    from dalle_dist.data.tokenizer import ByteTokenizer
+    from dalle_dist.data.wds import WebDatasetLoader
+
+    shards = folder / "wds"
+    shards.mkdir()
+    generator = torch.Generator().manual_seed(0)
+    for s in range(2):
+        with tarfile.open(shards / f"shard-{s}.tar", "w") as tar:
+            for i in range(count // 2):
+                pixels = torch.randint(256, (256, 256, 3), generator=generator,
+                                       dtype=torch.uint8)
+                jpeg = io.BytesIO()
+                Image.fromarray(pixels.numpy()).save(jpeg, "JPEG", quality=90)
+                for ext, data in (("jpg", jpeg.getvalue()), ("txt", f"image {s} {i}".encode())):
+                    info = tarfile.TarInfo(f"{s}{i:06d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    batch = 16
+    collate = CaptionCollate(ByteTokenizer(), 24, True)
+
+    def wds() -> WebDatasetLoader:
+        return WebDatasetLoader(str(shards), "jpg,txt", 128, 1.0, batch, 0, 1, 0, 0, collate,
+                                True)
+
+    steps = len(wds())
+    start = steps * 9 // 10
+    out: dict[str, float] = {"batches": steps, "resumed_at": start}
+    began = time.perf_counter()
+    next(wds().epoch(0, start))
+    out["webdataset_skip_undecoded"] = round(time.perf_counter() - began, 3)
+    began = time.perf_counter()
+    next(itertools.islice(wds().epoch(0), start, None))
+    out["webdataset_decode_then_drop"] = round(time.perf_counter() - began, 3)
+    tokens = folder / "wds-tokens"
+    write_shard(tokens / "shard-000000.safetensors", torch.zeros(count, 256, dtype=torch.long),
+                [f"image {i}" for i in range(count)], [str(i) for i in range(count)], 1024,
+                "bench", (0, count))
+    write_manifest(tokens, {"encode_id": "bench", "image_tokenizer": {}, "source": {},
+                            "samples": count, "shards": [{"name": "shard-000000.safetensors",
+                                                          "start": 0, "samples": count}]})
+    from dalle_dist.data.token_shards import TokenShards
+
+    began = time.perf_counter()
+    loader = EpochLoader(TokenShards(tokens), batch, 0, 1, 0, 0, collate)
+    next(loader.epoch(0, start))
+    out["token_shards"] = round(time.perf_counter() - began, 3)
+    return out
 
 
 if __name__ == "__main__":

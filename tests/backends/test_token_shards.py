@@ -64,12 +64,21 @@ def test_training_from_shards_equals_training_from_images(
     assert TokenShards(shards).keys() == ShapesDataset(STEPS * BATCH, 16).keys()
 
 
-def test_two_ranks_encode_the_same_shards(shards: Path, tiny_vae: Path, tmp_path: Path) -> None:
-    """Rank r encodes shards r, r + 2, ...; rank 0 writes the manifest after the barrier:
-    every file equals the one-process encode's, byte for byte."""
+LAUNCHERS = {"torchrun": (launch.torchrun, ["--distributed_backend", "torch"]),
+             "deepspeed": (launch.deepspeed, ["--deepspeed"]),
+             "horovodrun": (launch.horovodrun, ["--distributed_backend", "horovod"])}
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_two_ranks_encode_the_same_shards(launcher: str, shards: Path, tiny_vae: Path,
+                                          tmp_path: Path) -> None:
+    """Under each launcher `train` supports, rank r encodes shards r, r + 2, ...; rank 0
+    writes the manifest after the barrier: every file equals the one-process encode's,
+    byte for byte."""
     out = tmp_path / "tokens"
-    result = launch.torchrun("encode", "--distributed_backend", "torch", "--vae_path",
-                             str(tiny_vae), *ENCODE, "--output", str(out), cwd=tmp_path)
+    run, flags = LAUNCHERS[launcher]
+    result = run("encode", *flags, "--vae_path", str(tiny_vae), *ENCODE, "--output",
+                 str(out), cwd=tmp_path)
     assert result.returncode == 0, launch.output(result)[-3000:]
     assert files(out) == files(shards)
 
