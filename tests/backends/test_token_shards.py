@@ -19,6 +19,7 @@ from PIL import Image
 
 from dalle_dist.data import ShapesDataset, TextImageFolder
 from dalle_dist.data.token_shards import MANIFEST, TokenShards
+from dalle_dist.data.tokenizer import ByteTokenizer, tokenize
 from dalle_dist.data.wds import split_key
 from tests import launch
 from tests.backends.runs import BATCH, ROOT, STEPS, Run, metric_records
@@ -62,6 +63,18 @@ def test_training_from_shards_equals_training_from_images(
     assert data["token_shards"] == str(shards) and len(data["token_shards_manifest_sha256"]) == 64
     assert len(list((tokens.folder / "dalle-samples").glob("step-*.png"))) == 2
     assert TokenShards(shards).keys() == ShapesDataset(STEPS * BATCH, 16).keys()
+
+
+def test_captions_are_stored_as_text_and_as_token_ids(shards: Path) -> None:
+    """Each row keeps its caption's text (training tokenizes it with its own flags) and
+    the ids the encode's tokenizer gave it at --text_seq_len (48 by default), as the
+    manifest names them. Caught: ids of another row, or of the unpadded caption."""
+    data = TokenShards(shards)
+    text = data.manifest["text_tokenizer"]
+    assert (text["kind"], text["vocab_size"], text["text_seq_len"]) == ("byte", 257, 48)
+    for i in (0, 31, 79):
+        ids, caption = data.text_ids(i), data[i][1]
+        assert torch.equal(ids, tokenize(ByteTokenizer(), [caption], 48)), i
 
 
 LAUNCHERS = {"torchrun": (launch.torchrun, ["--distributed_backend", "torch"]),

@@ -40,7 +40,9 @@ from tests.data.test_wds import write_shards
 def two_shards(folder: Path, num_tokens: int = 300) -> list[torch.Tensor]:
     tokens = [torch.randint(num_tokens, (3, 4)), torch.randint(num_tokens, (2, 4))]
     write_shard(folder / shard_name(0), tokens[0], ["a red circle", "é\nline two", ""],
-                ["k0", "k1", "k2"], num_tokens, "id", (0, 3))
+                ["k0", "k1", "k2"], num_tokens, "id", (0, 3),
+                text_ids=[torch.full((1, 4), 7), torch.arange(8).view(2, 4),
+                          torch.zeros(1, 4, dtype=torch.long)])
     write_shard(folder / shard_name(1), tokens[1], ["x", "y"], ["k3", "k4"], num_tokens, "id",
                 (3, 6), skipped=["k5"])
     write_manifest(folder, {"encode_id": "id", "image_tokenizer": {
@@ -64,6 +66,8 @@ def test_rows_keys_and_captions_read_back(tmp_path: Path) -> None:
     assert data[0][1] == "a red circle" and data[2][1] == "" and data[4][1] == "y"
     assert {data[1][1] for _ in range(40)} == {"é", "line two"}
     assert data.all_captions() == ["a red circle", "é", "line two", "", "x", "y"]
+    assert torch.equal(data.text_ids(1), torch.arange(8).view(2, 4))  # one row per line
+    assert torch.equal(data.text_ids(0), torch.full((1, 4), 7))
     held = data.subset([1, 3], evaluation=True)
     assert held.keys() == ["k1", "k3"] and held[0][1] == "é" and torch.equal(
         held[1][0], tokens[1][0])
@@ -74,7 +78,7 @@ def test_a_shard_is_plain_tensors_in_the_smallest_dtype(tmp_path: Path) -> None:
     two_shards(tmp_path)
     with safe_open(str(tmp_path / shard_name(0)), framework="pt") as f:
         assert set(f.keys()) == {"image_tokens", "caption_bytes", "caption_offsets",
-                                 "key_bytes", "key_offsets"}
+                                 "key_bytes", "key_offsets", "text_ids", "text_offsets"}
         assert f.get_tensor("image_tokens").dtype == torch.int16  # 300 tokens
     assert [token_dtype(n) for n in (256, 257, 32768, 32769)] == [
         torch.uint8, torch.int16, torch.int16, torch.int32]

@@ -195,6 +195,11 @@ def add_encode(p: argparse.ArgumentParser) -> None:
                     "resize_ratio": "with --crops: the random crops keep at least this "
                                     "fraction of the image's area"})
     add_flags(p, EncodeConfig)
+    add_flags(p.add_argument_group("captions (stored as text and as these token ids; "
+                                   "training tokenizes the text with its own flags)"),
+              TokenizerConfig)
+    add_flags(p, DALLEConfig, only=["text_seq_len"])
+    add_flags(p, DataConfig, only=["truncate_captions"])
     add_flags(p, DalleRun, only=["vae_path"])
     add_flags(p.add_argument_group("VQGAN image tokenizer (taming-transformers), instead of "
                                    "a VAE"), TamingConfig)
@@ -212,6 +217,8 @@ def encode_job(args: argparse.Namespace) -> EncodeJob:
     """The parsed flags of `encode` as one job."""
     return EncodeJob(encode=from_args(EncodeConfig, args),
                      data=from_args(DataConfig, args, image_size=args.image_size),
+                     tokenizer=from_args(TokenizerConfig, args),
+                     text_seq_len=args.text_seq_len,
                      run=from_args(DalleRun, args), taming=from_args(TamingConfig, args),
                      distributed=_distributed(args), tf32=not args.no_tf32)
 

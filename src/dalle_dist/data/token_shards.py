@@ -68,11 +68,13 @@ def _strings(values: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def write_shard(path: Path, tokens: torch.Tensor, captions: Sequence[str],
                 keys: Sequence[str], num_tokens: int, encode_id: str,
-                source_range: tuple[int, int], skipped: Sequence[str] = ()) -> None:
+                source_range: tuple[int, int], skipped: Sequence[str] = (),
+                text_ids: Sequence[torch.Tensor] | None = None) -> None:
     """One shard, complete or absent: written beside `path` and renamed into place.
     encode_id names the encode it belongs to (source, tokenizer, shard size);
     source_range the source's samples [start, end) it covers, of which `skipped` (keys)
-    could not be read and have no row."""
+    could not be read and have no row. text_ids: per row, its caption lines' token ids
+    [lines, text_seq_len] (stored as `text_ids` with `text_offsets` into it)."""
     from safetensors.torch import save_file
 
     if not len(captions) == len(keys) == tokens.shape[0]:
@@ -82,6 +84,11 @@ def write_shard(path: Path, tokens: torch.Tensor, captions: Sequence[str],
     tensors = {"image_tokens": tokens.to(token_dtype(num_tokens)).contiguous(),
                "caption_bytes": caption_bytes, "caption_offsets": caption_offsets,
                "key_bytes": key_bytes, "key_offsets": key_offsets}
+    if text_ids is not None:
+        lines = torch.tensor([0] + [len(ids) for ids in text_ids], dtype=torch.int64)
+        tensors["text_offsets"] = lines.cumsum(0)
+        tensors["text_ids"] = (torch.cat(list(text_ids)).to(torch.int32) if text_ids
+                               else torch.zeros(0, 0, dtype=torch.int32))
     with atomic_path(path) as tmp:
         # one metadata entry: safetensors writes several in hash order, so the same shard
         # would not be the same bytes twice
@@ -211,6 +218,15 @@ class TokenShards(Dataset):
         caption = lines[0] if self.evaluation or len(lines) == 1 else lines[
             int(torch.randint(len(lines), ()))]
         return tokens, caption
+
+    def text_ids(self, index: int) -> torch.Tensor:
+        """Sample `index`'s caption lines as the encode's text tokenizer wrote them:
+        [lines, text_seq_len] int64, 0-padded (training tokenizes the caption itself,
+        with its own tokenizer and --text_seq_len)."""
+        shard, i = self._locate(index)
+        handle = self._file(shard)
+        start, end = handle.get_slice("text_offsets")[i:i + 2].tolist()
+        return handle.get_slice("text_ids")[start:end].to(torch.int64)
 
     def _all(self, name: str) -> list[str]:
         """Every row's string `name` (caption or key), in order, of the whole directory."""

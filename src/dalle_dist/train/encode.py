@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from dalle_dist.backends import DistributedBackend, DistributedConfig
 from dalle_dist.checkpoint.taming import TamingConfig
 from dalle_dist.config_base import DictConfig, option
 from dalle_dist.data import DataConfig
+from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.data.encode_sources import (
     ImageSource,
     ImageUnreadable,
@@ -47,7 +49,9 @@ from dalle_dist.data.token_shards import (
     write_manifest,
     write_shard,
 )
+from dalle_dist.data.tokenizer import check_caption_lengths, load_tokenizer, tokenize
 from dalle_dist.errors import ConfigError, OutputError
+from dalle_dist.model.config import DALLEConfig
 from dalle_dist.model.image_tokenizer import ImageTokenizer, content_hash
 from dalle_dist.train.config import DalleRun
 from dalle_dist.train.run_log import RunLog
@@ -89,6 +93,8 @@ class EncodeJob:
 
     encode: EncodeConfig = field(default_factory=EncodeConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    text_seq_len: int = DALLEConfig.text_seq_len
     run: DalleRun = field(default_factory=DalleRun)
     taming: TamingConfig = field(default_factory=TamingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
@@ -96,6 +102,8 @@ class EncodeJob:
 
     def validate(self) -> None:
         self.encode.validate()
+        if self.text_seq_len < 1:
+            raise ConfigError(f"--text_seq_len must be >= 1, got {self.text_seq_len}")
 
 
 def source_record(data: DataConfig, keys: list[str]) -> dict[str, Any]:
@@ -124,6 +132,15 @@ def encode_images(job: EncodeJob, backend: DistributedBackend,
     source = encode_source(data_cfg, vae.config.image_size, vae.config.channels)
     log.info(source.describe())
     keys = source.keys()
+    text = backend.everywhere("the tokenizer load", lambda: load_tokenizer(job.tokenizer))
+    check_caption_lengths(text, [line for i in range(len(source))
+                                 for line in source.caption_lines(i)],
+                          job.text_seq_len, data_cfg.truncate_captions)
+    text_record = {"kind": text.to_dict().get("kind", "bytes"), "vocab_size": text.vocab_size,
+                   "sha256": hashlib.sha256(json.dumps(text.to_dict(), sort_keys=True)
+                                            .encode()).hexdigest(),
+                   "text_seq_len": job.text_seq_len,
+                   "truncate_captions": data_cfg.truncate_captions}
     tokenizer_record = {"sha256": content_hash(vae), **{
         k: getattr(vae.config, k) for k in ("image_size", "fmap_size", "num_tokens",
                                             "channels")},
@@ -131,7 +148,7 @@ def encode_images(job: EncodeJob, backend: DistributedBackend,
     view = {"crops": cfg.crops, "flip": cfg.flip, "per_image": cfg.crops * (2 if cfg.flip else 1),
             "lower_ratio": data_cfg.resize_ratio if cfg.crops > 1 else 1.0}
     encode_id = hashlib.sha256(json.dumps(
-        [tokenizer_record, source_record(data_cfg, keys), cfg.shard_size, view],
+        [tokenizer_record, source_record(data_cfg, keys), cfg.shard_size, view, text_record],
         sort_keys=True).encode()).hexdigest()[:16]
     backend.on_root("the output check", lambda: _check_output(out, encode_id))
 
@@ -149,7 +166,9 @@ def encode_images(job: EncodeJob, backend: DistributedBackend,
               disable=not backend.is_root, dynamic_ncols=True) as bar:
         for index, start, end in todo:
             _encode_shard(vae, source, keys, out / shard_name(index), (start, end),
-                          cfg.encode_batch_size, backend.device, encode_id, bar, view)
+                          cfg.encode_batch_size, backend.device, encode_id, bar, view,
+                          lambda lines: tokenize(text, lines, job.text_seq_len,
+                                                 data_cfg.truncate_captions))
     seconds = time.perf_counter() - started
     backend.barrier("the other ranks' shards")
 
@@ -165,6 +184,7 @@ def encode_images(job: EncodeJob, backend: DistributedBackend,
         unreadable = [key for meta in metas for key in meta["skipped"]]
         manifest = {
             "encode_id": encode_id, "image_tokenizer": tokenizer_record,
+            "text_tokenizer": text_record,
             "source": source_record(data_cfg, keys), "source_samples": count,
             "samples": sum(meta["samples"] for meta in metas),
             "shard_size": cfg.shard_size,
@@ -192,7 +212,8 @@ def encode_images(job: EncodeJob, backend: DistributedBackend,
 
 def _encode_shard(vae: ImageTokenizer, source: ImageSource, keys: list[str], path: Path,
                   source_range: tuple[int, int], batch_size: int, device: torch.device,
-                  encode_id: str, bar: Any, view: dict[str, Any]) -> None:
+                  encode_id: str, bar: Any, view: dict[str, Any],
+                  tokenize_lines: Callable[[list[str]], torch.Tensor]) -> None:
     """Images [start, end) of `source` through `vae`, each as its views' samples, written
     as one shard; an image that does not decode is left out and named in the shard's
     metadata. An image's random crops are drawn from a generator seeded by its key: a
@@ -202,6 +223,7 @@ def _encode_shard(vae: ImageTokenizer, source: ImageSource, keys: list[str], pat
     rows: list[torch.Tensor] = []
     captions: list[str] = []
     row_keys: list[str] = []
+    text_ids: list[torch.Tensor] = []
     skipped: list[str] = []
     for first in range(start, end, batch_size):
         images: list[torch.Tensor] = []
@@ -215,7 +237,9 @@ def _encode_shard(vae: ImageTokenizer, source: ImageSource, keys: list[str], pat
             images += views(picture, size, channels, view["crops"], view["flip"],
                             view["lower_ratio"], torch.Generator().manual_seed(seed))
             row_keys += view_keys(keys[i], view["crops"], view["flip"])
-            captions += ["\n".join(source.caption_lines(i))] * view["per_image"]
+            lines = source.caption_lines(i)
+            captions += ["\n".join(lines)] * view["per_image"]
+            text_ids += [tokenize_lines(lines)] * view["per_image"]
         if images:
             with torch.no_grad():
                 rows.append(vae.get_codebook_indices(torch.stack(images).to(device)).cpu())
@@ -223,7 +247,7 @@ def _encode_shard(vae: ImageTokenizer, source: ImageSource, keys: list[str], pat
     fmap = vae.config.fmap_size
     tokens = torch.cat(rows) if rows else torch.zeros(0, fmap * fmap, dtype=torch.long)
     write_shard(path, tokens, captions, row_keys, vae.config.num_tokens, encode_id,
-                source_range, skipped)
+                source_range, skipped, text_ids)
 
 
 def _check_output(out: Path, encode_id: str) -> None:
