@@ -155,20 +155,27 @@ def read_whole(directory: str | Path, keys: set[str] | None = None) -> dict[str,
     It holds the whole state: for converting, verifying and sampling, not for training
     (a training rank loads its own shards: sharded_dir.load_into_engine)."""
     state: dict[str, Any] = {}
-    try:
+    with dcp_errors(f"{directory} could not be read as a sharded checkpoint",
+                    "the files are truncated or corrupt; use an earlier checkpoint"):
         with one_process():
             _load_state_dict(state, storage_reader=SafeReader(str(directory)),
                              planner=SafeWholeLoadPlanner(keys=keys), no_dist=True)
+    return state
+
+
+@contextlib.contextmanager
+def dcp_errors(what: str, fix: str) -> Iterator[None]:
+    """Around a DCP load: a failure inside it becomes one CheckpointError, `what
+    (reason)` with `fix`, or the CheckpointError one of ours raised in it (dcp_failure)."""
+    try:
+        yield
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as exc:
         ours, reason = dcp_failure(exc)
         if ours is not None:
             raise ours from None
-        raise CheckpointError(f"{directory} could not be read as a sharded checkpoint "
-                              f"({reason})", "the files are truncated or corrupt; use an "
-                              "earlier checkpoint") from None
-    return state
+        raise CheckpointError(f"{what} ({reason})", fix) from None
 
 
 def dcp_failure(exc: BaseException) -> tuple[CheckpointError | None, str]:

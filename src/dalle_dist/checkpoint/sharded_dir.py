@@ -163,23 +163,14 @@ def load_into_engine(engine: Engine, folder: str | Path) -> bool:
     only the shards it holds (DCP reshards to this run's world size). Collective. Returns
     whether the save held optimizer state (none before the first step)."""
     from torch.distributed.checkpoint import load
-    from torch.distributed.checkpoint.api import CheckpointException
 
-    from dalle_dist.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, dcp_failure
+    from dalle_dist.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, dcp_errors
 
     with_optimizer = "optim" in saved_keys(folder)
     state = engine.sharded_state(with_optimizer=with_optimizer)
-    try:
+    with dcp_errors(f"--resume {folder} could not be loaded into this model",
+                    "resume with the model flags it was saved with"):
         load(state, storage_reader=SafeReader(str(folder)), planner=SafeLoadPlanner())
-    except CheckpointError:
-        raise
-    except (Exception, CheckpointException) as exc:
-        ours, reason = dcp_failure(exc)
-        if ours is not None:
-            raise ours from None
-        raise CheckpointError(f"--resume {folder} could not be loaded into this model "
-                              f"({reason})", "resume with the model flags it was saved "
-                              "with") from None
     engine.load_sharded_state(state)
     return with_optimizer
 
