@@ -259,3 +259,18 @@ def test_crops_and_flips_are_samples_of_their_own(shards: Path, tiny_vae: Path,
                       "--text_seq_len", "40", "--batch_size", "64", "--epochs", "1",
                       "--val_fraction", "0.2", "--dalle_output_file_name", str(tmp_path / "r"))
     assert trained.returncode == 0, trained.stderr[-3000:]
+
+
+def test_an_encode_that_cannot_write_or_would_overwrite_stops_in_one_line(
+        shards: Path, tiny_vae: Path, tmp_path: Path) -> None:
+    """--output below a file, or a folder holding another encode's manifest (here: other
+    --shard_size): one error line, exit 2, nothing written."""
+    (tmp_path / "file").write_text("x")
+    result = run_cli("encode", "--vae_path", str(tiny_vae), *ENCODE, "--output",
+                     str(tmp_path / "file" / "tokens"))
+    assert_user_error(result, "cannot write to", "--output")
+    before = files(shards)
+    result = run_cli("encode", "--vae_path", str(tiny_vae), "--shapes_count", "80",
+                     "--shard_size", "40", "--output", str(shards))
+    assert_user_error(result, "holds token shards of another encode", "choose another --output")
+    assert files(shards) == before

@@ -51,6 +51,7 @@ from dalle_dist.data.token_shards import (
 )
 from dalle_dist.data.tokenizer import check_caption_lengths, load_tokenizer, tokenize
 from dalle_dist.errors import ConfigError, OutputError
+from dalle_dist.fileio import ensure_writable_dir
 from dalle_dist.model.config import DALLEConfig
 from dalle_dist.model.image_tokenizer import ImageTokenizer, content_hash
 from dalle_dist.train.config import DalleRun
@@ -124,6 +125,8 @@ def encode_images(job: EncodeJob, backend: DistributedBackend,
     passed in: that module imports this one's command)."""
     cfg = job.encode
     out = Path(cfg.output)
+    # before the tokenizer (the built-in VAE may train first) and the source's scan
+    backend.everywhere("the output check", lambda: ensure_writable_dir(out, "--output"))
     log = RunLog(None, backend.is_root)
     vae: ImageTokenizer = tokenizer_of(job.data, log)
     vae = vae.to(backend.device).eval()
