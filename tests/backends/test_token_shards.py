@@ -138,6 +138,9 @@ def test_shards_of_another_image_tokenizer_are_refused(shards: Path, tiny_vae: P
     assert_user_error(result, f"--token_shards {shards} was encoded by the DiscreteVAE",
                       "pass the VAE (--vae_path) or VQGAN it was encoded with")
     assert not list(tmp_path.glob("run*"))
+    both = run_cli("train", "--token_shards", str(shards), "--image_text_folder",
+                   str(tmp_path), "--vae_path", str(tiny_vae))
+    assert_user_error(both, "--token_shards replaces --image_text_folder and --wds")
 
 
 def test_a_resume_mid_epoch_on_shards_ends_where_the_whole_run_ends(

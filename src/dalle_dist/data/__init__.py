@@ -96,10 +96,7 @@ def make_loader(config: DataConfig, image_size: int, batch_size: int, rank: int,
     user asked for, None for the default: train.commands resolves it from the device and
     the CPUs); pin_memory: batches land in page-locked memory (worth it only on CUDA)."""
     check_fraction(val_fraction)
-    if config.token_shards:
-        if config.image_text_folder or config.wds:
-            raise ConfigError("--token_shards replaces --image_text_folder and --wds",
-                              "give only the token shards' folder")
+    if config.token_shards:  # (TrainJob.validate refuses it beside a folder or --wds)
         dataset: Dataset = TokenShards(config.token_shards)
         return _map_loader(dataset, describe_dataset(dataset), batch_size, rank, world_size,
                            seed, num_workers, collate, pin_memory, val_fraction)

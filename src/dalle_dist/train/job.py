@@ -77,6 +77,9 @@ class TrainJob:
         if self.run.dalle_path and self.resume.source:
             raise ConfigError("--resume and --dalle_path both name a checkpoint",
                               "give one of them")
+        if self.data.token_shards and (self.data.image_text_folder or self.data.wds):
+            raise ConfigError("--token_shards replaces --image_text_folder and --wds",
+                              "give only the token shards' folder")
         resume = self.continues
         if self.run.vae_path and self.taming.wanted:
             raise ConfigError("--vae_path and --taming/--vqgan_* both name the image tokenizer",
