@@ -142,7 +142,8 @@ def read_manifest(directory: str | Path, flag: str = "--token_shards") -> dict[s
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise DataError(f"{flag} {path} cannot be read: {exc}", "encode again") from None
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or (
+            manifest.get("version") != VERSION):
         raise DataError(f"{flag} {path} is not a {FORMAT} manifest of version {VERSION}",
                         "encode again with this version of dalle-dist")
     return manifest
