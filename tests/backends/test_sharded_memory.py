@@ -21,7 +21,8 @@ The code before this test (74d6612^, measured with the same probe) fails it at e
 phase but the first step: start-up +653 MB (every rank built the whole model before
 sharding it), a save +2317 MB on rank 0 (weights and Adam gathered there), a sample grid
 +1143 MB on rank 0 (a whole copy built and gathered there), a resume +1965 MB on rank 0
-and +798 MB on every other rank (the file read whole).
+and +809 MB on the others, the resumed run's start-up +1232 MB on every rank (the file
+read whole).
 
 glibc keeps freed memory of large temporary buffers in its heap, so the resident set of
 a later phase would carry an earlier phase's peak; MALLOC_MMAP_THRESHOLD_ gives every
