@@ -17,8 +17,7 @@ from dalle_dist.data.encode_sources import (
     FolderSource,
     ImageUnreadable,
     WebDatasetSource,
-    base_key,
-    view_keys,
+    view_names,
     views,
 )
 from dalle_dist.data.token_shards import (
@@ -146,6 +145,18 @@ def test_views_and_their_keys() -> None:
     for plain, mirrored in zip(first[::2], first[1::2], strict=True):
         assert torch.equal(mirrored, plain.flip(-1))
     assert not torch.equal(first[2], first[4])
-    keys = view_keys("a/b", 3, True)
-    assert keys == ["a/b", "a/b#0f", "a/b#1", "a/b#1f", "a/b#2", "a/b#2f"]
-    assert {base_key(k) for k in keys} == {"a/b"} and view_keys("k", 1, False) == ["k"]
+    assert view_names(3, True) == ["", "0f", "1", "1f", "2", "2f"]
+    assert view_names(1, False) == [""] and view_names(2, False) == ["", "1"]
+
+
+def test_views_keep_their_images_key_whatever_it_holds(tmp_path: Path) -> None:
+    """A row stores its image's key and its view's name apart: the split hashes the key
+    as the image run's does, even a file name with '#' in it."""
+    write_shard(tmp_path / shard_name(0), torch.zeros(4, 4, dtype=torch.long), ["c"] * 4,
+                ["a#b", "a#b", "x", "x"], 32, "id", (0, 2), views=["", "0f", "", "0f"])
+    write_manifest(tmp_path, {"encode_id": "id", "image_tokenizer": {}, "source": {},
+                              "samples": 4, "shards": [{"name": shard_name(0), "start": 0,
+                                                        "samples": 4}]})
+    data = TokenShards(tmp_path)
+    assert data.keys() == ["a#b", "a#b", "x", "x"]
+    assert data.sample_keys() == ["a#b", "a#b#0f", "x", "x#0f"]

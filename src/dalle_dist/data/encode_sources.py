@@ -75,18 +75,15 @@ def views(picture: Image.Image, size: int, channels: int, crops: int, flip: bool
     return out
 
 
-def view_keys(key: str, crops: int, flip: bool) -> list[str]:
-    """The samples' keys, in views' order: the image's own for its centred square, then
-    KEY#j for crop j and a trailing f for a mirror image (KEY#0f: the centred square's).
-    The held-out split hashes the part before '#', so an image's views stay together."""
-    names = [key] + [f"{key}#{j}" for j in range(1, crops)]
+def view_names(crops: int, flip: bool) -> list[str]:
+    """The views' names, in views' order: "" for the centred square, "j" for crop j, a
+    trailing "f" for a mirror image ("0f": the centred square's). A shard row keeps its
+    image's key and its view's name apart, so the held-out split hashes the image's key
+    (all of an image's views stay on one side) whatever characters the key holds."""
+    names = [""] + [str(j) for j in range(1, crops)]
     if not flip:
         return names
-    return [n for name in names for n in (name, f"{key}#0f" if name == key else name + "f")]
-
-
-def base_key(key: str) -> str:
-    return key.split("#", 1)[0]
+    return [n for name in names for n in (name, (name or "0") + "f")]
 
 
 class FolderSource:

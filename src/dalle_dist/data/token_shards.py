@@ -69,12 +69,14 @@ def _strings(values: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
 def write_shard(path: Path, tokens: torch.Tensor, captions: Sequence[str],
                 keys: Sequence[str], num_tokens: int, encode_id: str,
                 source_range: tuple[int, int], skipped: Sequence[str] = (),
-                text_ids: Sequence[torch.Tensor] | None = None) -> None:
+                text_ids: Sequence[torch.Tensor] | None = None,
+                views: Sequence[str] | None = None) -> None:
     """One shard, complete or absent: written beside `path` and renamed into place.
     encode_id names the encode it belongs to (source, tokenizer, shard size);
     source_range the source's samples [start, end) it covers, of which `skipped` (keys)
     could not be read and have no row. text_ids: per row, its caption lines' token ids
-    [lines, text_seq_len] (stored as `text_ids` with `text_offsets` into it)."""
+    [lines, text_seq_len] (stored as `text_ids` with `text_offsets` into it); views: per
+    row, the name of the image's view it holds ("" the centred square: encode_sources)."""
     from safetensors.torch import save_file
 
     if not len(captions) == len(keys) == tokens.shape[0]:
@@ -84,6 +86,8 @@ def write_shard(path: Path, tokens: torch.Tensor, captions: Sequence[str],
     tensors = {"image_tokens": tokens.to(token_dtype(num_tokens)).contiguous(),
                "caption_bytes": caption_bytes, "caption_offsets": caption_offsets,
                "key_bytes": key_bytes, "key_offsets": key_offsets}
+    if views is not None:
+        tensors["view_bytes"], tensors["view_offsets"] = _strings(views)
     if text_ids is not None:
         lines = torch.tensor([0] + [len(ids) for ids in text_ids], dtype=torch.int64)
         tensors["text_offsets"] = lines.cumsum(0)
@@ -241,12 +245,17 @@ class TokenShards(Dataset):
 
     def keys(self) -> list[str]:
         """Each sample's image's key, as its source named it: the held-out split's hash
-        input, so all views of one image (KEY, KEY#j, KEY#0f ...) fall on one side."""
-        return [key.split("#", 1)[0] for key in self._all("key")]
+        input, so all views of one image fall on one side."""
+        return self._all("key")
 
     def sample_keys(self) -> list[str]:
-        """Each sample's own key (an image's views told apart)."""
-        return self._all("key")
+        """Each sample's own name: its image's key, and KEY#VIEW for a crop or mirror
+        image (encode --crops / --flip)."""
+        keys = self.keys()
+        if not self.shards or "view_bytes" not in self._file(0).keys():
+            return keys
+        return [f"{key}#{view}" if view else key
+                for key, view in zip(keys, self._all("view"), strict=True)]
 
     def all_captions(self) -> list[str]:
         return [line for caption in self._all("caption") for line in caption.split("\n")]

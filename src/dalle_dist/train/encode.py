@@ -36,7 +36,7 @@ from dalle_dist.data.encode_sources import (
     ImageSource,
     ImageUnreadable,
     encode_source,
-    view_keys,
+    view_names,
     views,
 )
 from dalle_dist.data.token_shards import (
@@ -226,6 +226,7 @@ def _encode_shard(vae: ImageTokenizer, source: ImageSource, keys: list[str], pat
     rows: list[torch.Tensor] = []
     captions: list[str] = []
     row_keys: list[str] = []
+    row_views: list[str] = []
     text_ids: list[torch.Tensor] = []
     skipped: list[str] = []
     for first in range(start, end, batch_size):
@@ -239,7 +240,8 @@ def _encode_shard(vae: ImageTokenizer, source: ImageSource, keys: list[str], pat
             seed = int(hashlib.sha256(keys[i].encode()).hexdigest()[:15], 16)
             images += views(picture, size, channels, view["crops"], view["flip"],
                             view["lower_ratio"], torch.Generator().manual_seed(seed))
-            row_keys += view_keys(keys[i], view["crops"], view["flip"])
+            row_keys += [keys[i]] * view["per_image"]
+            row_views += view_names(view["crops"], view["flip"])
             lines = source.caption_lines(i)
             captions += ["\n".join(lines)] * view["per_image"]
             text_ids += [tokenize_lines(lines)] * view["per_image"]
@@ -250,7 +252,7 @@ def _encode_shard(vae: ImageTokenizer, source: ImageSource, keys: list[str], pat
     fmap = vae.config.fmap_size
     tokens = torch.cat(rows) if rows else torch.zeros(0, fmap * fmap, dtype=torch.long)
     write_shard(path, tokens, captions, row_keys, vae.config.num_tokens, encode_id,
-                source_range, skipped, text_ids)
+                source_range, skipped, text_ids, row_views)
 
 
 def _check_output(out: Path, encode_id: str) -> None:
