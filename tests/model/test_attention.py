@@ -60,8 +60,9 @@ def brute_allowed(name: str, layout: SequenceLayout, q: int, k: int, kernel: int
         return rq == rk
     if name == "axial_col":
         return cq == ck
-    reach = kernel // 2 * dilation
-    return (abs(rq - rk) <= reach and abs(cq - ck) <= reach
+    # DALLE-pytorch 1.6.6's window: k x k cells (dilated) ending at the query, up and left
+    reach = (kernel - 1) * dilation
+    return (0 <= rq - rk <= reach and 0 <= cq - ck <= reach
             and (rq - rk) % dilation == 0 and (cq - ck) % dilation == 0)
 
 

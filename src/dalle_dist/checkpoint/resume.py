@@ -364,7 +364,10 @@ def restore_training(payload: dict[str, Any], engine: Engine, backend: Distribut
     seek_in_epoch(state, payload, backend, batch_size, log)
     exact = restore_rank_rng(payload["rng"], backend.rank, backend.world_size,
                              seed + state.step, backend.device)
-    if not exact:
+    if not exact and not payload["rng"]:
+        log.info(f"the checkpoint carries no random states (backend {payload['backend']}): "
+                 "seeded from --seed")
+    elif not exact:
         log.info(f"warning: the checkpoint was saved by {payload['world_size']} rank(s), this "
                  f"run has {backend.world_size}: random states reseeded (the run continues, "
                  "but no longer repeats an uninterrupted one exactly)")

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from dalle_dist.config_base import JsonOutput, add_flags
+from dalle_dist.config_base import JsonOutput, add_flags, from_args
+from dalle_dist.data.config import TokenizerConfig
 
 
 def add_checkpoint(p: argparse.ArgumentParser) -> None:
@@ -49,16 +50,38 @@ def add_checkpoint(p: argparse.ArgumentParser) -> None:
     q.add_argument("path", metavar="PATH", help="NAME.pt, NAME-sharded/ or NAME-ds-cp/")
     q.set_defaults(run=run_verify)
 
-    q = actions.add_parser("export", help="inference weights as safetensors + JSON config",
+    q = actions.add_parser("export", help="inference weights as safetensors + JSON config, "
+                           "or a DALLE-pytorch .pt",
                            description="Write OUT.safetensors (keys prefixed 'dalle.' and "
-                                       "'vae.') and OUT.json (configs, step, version). "
-                                       "safetensors is the only format for now.")
+                                       "'vae.') and OUT.json (configs, step, version); or, "
+                                       "with --format dalle-pytorch, OUT as the dalle.pt "
+                                       "(vae.pt for a VAE) DALLE-pytorch 1.6.6's generate.py "
+                                       "(train_dalle.py --vae_path) loads, weights only.")
     q.add_argument("path", metavar="PATH", help="NAME.pt, NAME-sharded/ or NAME-ds-cp/")
-    q.add_argument("out", metavar="OUT", help="output name; .safetensors and .json are added")
+    q.add_argument("out", metavar="OUT", help="output name; .safetensors and .json are "
+                   "added (safetensors), or the .pt file to write (dalle-pytorch)")
+    q.add_argument("--format", dest="export_format", choices=("safetensors", "dalle-pytorch"),
+                   default="safetensors", help="what to write (default safetensors)")
     q.add_argument("--safetensors", action="store_true", default=True,
-                   help="write safetensors (the default and, for now, the only format)")
+                   help="the same as --format safetensors (the default)")
     q.add_argument("--force", action="store_true", help="replace existing output files")
     q.set_defaults(run=run_export)
+
+    q = actions.add_parser("import", help="a DALLE-pytorch dalle.pt or vae.pt -> ours",
+                           description="Turn a DALLE-pytorch 1.x dalle.pt (train_dalle.py) "
+                                       "or vae.pt (train_vae.py) into a dalle_dist "
+                                       "checkpoint that computes the same logits, with its "
+                                       "Adam and LR-plateau state where the file has them. "
+                                       "Read without running code (weights_only); an option "
+                                       "dalle_dist cannot compute is refused by name, and "
+                                       "nothing is written. DALLE-pytorch does not save its "
+                                       "tokenizer: name it with --bpe_path or --chinese "
+                                       "(docs/from-dalle-pytorch.md).")
+    q.add_argument("source", metavar="SRC", help="DALLE-pytorch's dalle.pt or vae.pt")
+    q.add_argument("out", metavar="OUT", help="the dalle_dist .pt file to write")
+    add_flags(q, TokenizerConfig)
+    q.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    q.set_defaults(run=run_import)
 
 
 def run_inspect(args: argparse.Namespace) -> int:
@@ -90,9 +113,38 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    if args.export_format == "dalle-pytorch":
+        from dalle_dist.checkpoint.dalle_pytorch import write_export
+
+        obj = write_export(args.path, args.out, force=args.force)
+        kind = "vae.pt" if "vae_params" not in obj else "dalle.pt"
+        print(f"wrote {args.out}: a DALLE-pytorch {kind}, {len(obj['weights'])} tensors")
+        return 0
     from dalle_dist.checkpoint.export import export_checkpoint
 
     weights, config = export_checkpoint(args.path, args.out, force=args.force)
     print(f"wrote {weights} ({weights.stat().st_size:,} bytes)")
     print(f"wrote {config}")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from dalle_dist.checkpoint.dalle_pytorch import write_import
+
+    tokenizer = from_args(TokenizerConfig, args)
+    imported = write_import(args.source, args.out, tokenizer, force=args.force)
+    payload = imported.payload
+    configs = payload["configs"]
+    count = sum(t.numel() for t in payload["weights"].values())
+    if payload["kind"] == "vae":
+        print(f"wrote {args.out}: a VAE ({count:,} numbers)")
+    else:
+        model = configs["model"]
+        carried = [what for what, key in (("Adam", "optimizer"), ("scheduler", "scheduler"))
+                   if payload.get(key)]
+        print(f"wrote {args.out}: a DALL-E, dim {model['dim']}, depth {model['depth']}, "
+              f"{','.join(model['attn_types'])}, epoch {payload['epoch']}; "
+              f"{' and '.join(carried) + ' state' if carried else 'no optimizer state'}")
+    for note in imported.notes:
+        print(f"note: {note}")
     return 0

@@ -30,7 +30,7 @@ import json
 from dataclasses import asdict
 
 from dalle_dist.checkpoint.taming import TamingConfig
-from dalle_dist.config_base import JsonOutput, add_flags, from_args
+from dalle_dist.config_base import JsonOutput, add_flags, flag_fields, from_args
 from dalle_dist.data.config import DataConfig, TokenizerConfig
 from dalle_dist.errors import ConfigError
 from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
@@ -48,6 +48,11 @@ def add_plan(p: argparse.ArgumentParser) -> None:
                      "these flags for every backend x ZeRO stage x precision, "
                      "and recommend one. Nothing is built or launched.")
     model = p.add_argument_group("model (as `train`)")
+    model.add_argument("--dalle_path", metavar="PATH", default=None,
+                       help="size the model of this DALL-E checkpoint (any of ours, an "
+                            "imported one included; only its configs are read): its model, "
+                            "VAE or VQGAN and vocabulary replace the model, VAE and "
+                            "tokenizer flags")
     add_flags(model, DALLEConfig)
     add_flags(model, PlanConfig, only=["num_text_tokens"])
     add_flags(model, TokenizerConfig,
@@ -111,6 +116,8 @@ def _configs(args: argparse.Namespace) -> tuple[DALLEConfig, VAEConfig, VQGANCon
     from dalle_dist.model import PatternOptions, build_pattern
     from dalle_dist.plan.vqgan import read_plan_vqgan
 
+    if args.dalle_path:
+        return _checkpoint_configs(args)
     vocab = args.num_text_tokens
     tokenizer = from_args(TokenizerConfig, args)
     if tokenizer.given:
@@ -140,6 +147,33 @@ def _configs(args: argparse.Namespace) -> tuple[DALLEConfig, VAEConfig, VQGANCon
     for name in dalle.attn_types:
         build_pattern(name, options)  # unknown names and bad pattern knobs are ConfigErrors
     return dalle, vae, vqgan
+
+
+def _checkpoint_configs(args: argparse.Namespace
+                        ) -> tuple[DALLEConfig, VAEConfig, VQGANConfig | None]:
+    """_configs for --dalle_path: the checkpoint's own configs (no weights are read). A
+    model, VAE or tokenizer flag given beside it is refused: one of the two would be
+    ignored."""
+    from dalle_dist.checkpoint.load import load_checkpoint
+    from dalle_dist.model.image_tokenizer import is_vqgan_config
+
+    shaped = [*(f.name for f in flag_fields(DALLEConfig)), *_VAE_SHAPE, "num_text_tokens",
+              "bpe_path", "hug", "chinese", "taming", "vqgan_model_path", "vqgan_config_path"]
+    parser = argparse.ArgumentParser(add_help=False)
+    add_plan(parser)
+    defaults = parser.parse_args([])
+    given = [f"--{name}" for name in shaped
+             if hasattr(args, name) and getattr(args, name) != getattr(defaults, name)]
+    if given:
+        raise ConfigError(f"{given[0]} and --dalle_path both set the model",
+                          "drop one: --dalle_path sizes the checkpoint's own model")
+    payload = load_checkpoint(args.dalle_path, "--dalle_path", "dalle", keep_ds_dir=True,
+                              keep_sharded=True)
+    configs = payload["configs"]
+    dalle = DALLEConfig.from_dict(configs["model"])
+    if is_vqgan_config(configs["vae"]):
+        return dalle, VAEConfig(), VQGANConfig.from_dict(configs["vae"])
+    return dalle, VAEConfig.from_dict(configs["vae"]), None
 
 
 def _report(dalle_cfg: object, vae_cfg: VAEConfig | VQGANConfig, rows: list,

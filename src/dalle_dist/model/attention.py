@@ -147,10 +147,13 @@ class Attention(nn.Module):
     """Multi-head self-attention restricted by an AttentionPattern."""
 
     def __init__(self, dim: int, heads: int, dim_head: int, dropout: float,
-                 pattern: AttentionPattern, impl: str = "auto", stable: bool = False) -> None:
+                 pattern: AttentionPattern, impl: str = "auto", stable: bool = False,
+                 rotate_values: bool = False) -> None:
         super().__init__()
         self.heads, self.dim_head = heads, dim_head
         self.dropout, self.stable = dropout, stable
+        #: DALLE-pytorch 1.x rotates the values too (DALLEConfig.rotate_values)
+        self.rotate_values = rotate_values
         self.pattern = pattern
         self.impl = impl
         inner = heads * dim_head
@@ -249,8 +252,11 @@ class Attention(nn.Module):
             # too, and to_out's reshape stays a view. Cast once per layer: the fp32
             # tables, in q's dtype.
             cos, sin = (t.to(qkv.dtype)[:, None, None] for t in rotation)
-            q, k = apply_rotary(qkv[:, :, :2], (cos, sin)).permute(2, 0, 3, 1, 4)
-            v = qkv[:, :, 2].transpose(1, 2)
+            if self.rotate_values:
+                q, k, v = apply_rotary(qkv, (cos, sin)).permute(2, 0, 3, 1, 4)
+            else:
+                q, k = apply_rotary(qkv[:, :, :2], (cos, sin)).permute(2, 0, 3, 1, 4)
+                v = qkv[:, :, 2].transpose(1, 2)
         else:
             q, k, v = qkv.permute(2, 0, 3, 1, 4)
         if cache is None:

@@ -35,6 +35,11 @@ class VAEConfig(DictConfig):
         "added to the reconstruction loss")
     straight_through: bool = option(
         False, "hard Gumbel-softmax samples with straight-through gradients")
+    #: A 1x1 convolution from the codebook to --hidden_dim channels opens the decoder.
+    #: DALLE-pytorch's DiscreteVAE has it only with resnet blocks; without them its first
+    #: transposed convolution reads the codebook directly. Not a flag: `checkpoint import`
+    #: sets it for such a VAE (docs/from-dalle-pytorch.md).
+    decoder_stem: bool = True
 
     @property
     def fmap_size(self) -> int:
@@ -50,6 +55,9 @@ class VAEConfig(DictConfig):
         if self.channels not in (3, 4):
             raise ConfigError(f"--channels must be 3 (RGB) or 4 (RGBA, --transparent), got "
                               f"{self.channels}")
+        if self.num_resnet_blocks and not self.decoder_stem:
+            raise ConfigError("a VAE without a decoder stem cannot have resnet blocks (its "
+                              "blocks run on --hidden_dim channels)")
         if self.kl_loss_weight < 0:
             raise ConfigError("--kl_loss_weight must be >= 0")
         factor = 2**self.num_layers
@@ -122,6 +130,13 @@ class DALLEConfig(DictConfig):
     share_input_output_emb: bool = option(
         False, "tie the text and image token embeddings to the rows of the output "
         "projection that predict those tokens, as DALLE-pytorch does")
+    # -- DALLE-pytorch 1.x's own architecture, for an imported model (not flags: `checkpoint
+    # import` sets them from the file; docs/from-dalle-pytorch.md)
+    #: LayerScale: every attention and feed-forward output is multiplied by a learned
+    #: per-channel vector of its layer (not shared with --shared_*_ids)
+    layer_scale: bool = False
+    #: --rotary_emb rotates the values too, not only queries and keys
+    rotate_values: bool = False
 
     def __post_init__(self) -> None:
         # A checkpoint stores attn_types as a list; keep the dataclass hashable and comparable.
@@ -153,6 +168,8 @@ class DALLEConfig(DictConfig):
             raise ConfigError(f"--rotary_emb needs --dim_head >= 6 (three bands of feature "
                               f"pairs), got {self.dim_head}",
                               "raise --dim_head or drop --rotary_emb")
+        if self.rotate_values and not self.rotary_emb:
+            raise ConfigError("rotate_values needs rotary_emb")
         if self.shift_tokens:
             check_shift_dim(self.dim)
         check_shared_ids(self.depth, self.attn_types, self.shared_attn_ids,

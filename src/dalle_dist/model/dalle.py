@@ -86,7 +86,8 @@ class DALLE(nn.Module):
         self.transformer = Transformer(c.dim, c.depth, c.heads, c.dim_head, c.ff_mult,
                                        c.attn_dropout, c.ff_dropout, c.attn_types, options,
                                        attn_impl, c.stable_softmax, c.rotary_emb,
-                                       c.shift_tokens, c.shared_attn_ids, c.shared_ff_ids)
+                                       c.shift_tokens, c.shared_attn_ids, c.shared_ff_ids,
+                                       c.layer_scale, c.rotate_values)
         self.to_logits = nn.Linear(c.dim, self.text_vocab + c.num_image_tokens)
         if c.share_input_output_emb:
             self.text_emb = TiedEmbedding(self.to_logits, 0, self.text_vocab)
@@ -132,20 +133,11 @@ class DALLE(nn.Module):
         return (self.image_emb(tokens) + self.image_row_emb(cells // side)
                 + self.image_col_emb(cells % side))
 
-    def _stabilize(self, h: Tensor) -> Tensor:
-        """--stable_softmax: DALLE-pytorch divides the output by its max before the logits,
-        which keeps fp16 logits in range."""
-        if not self.config.stable_softmax:
-            return h
-        return h / h.amax(dim=-1, keepdim=True).detach()
-
     def _text_logits(self, h: Tensor) -> Tensor:
-        h = self._stabilize(h)
         w, b = self.to_logits.weight, self.to_logits.bias
         return F.linear(h, w[: self.text_vocab], b[: self.text_vocab])
 
     def _image_logits(self, h: Tensor) -> Tensor:
-        h = self._stabilize(h)
         w, b = self.to_logits.weight, self.to_logits.bias
         return F.linear(h, w[self.text_vocab :], b[self.text_vocab :])
 
@@ -158,6 +150,9 @@ class DALLE(nn.Module):
         """
         text_in = self._text_input(text)
         x = torch.cat((self._embed_text(text_in), self._embed_image(image_tokens[:, :-1])), dim=1)
+        if self.config.stable_softmax:
+            # DALLE-pytorch's stable training: the embeddings' gradient scaled by 0.1
+            x = x * 0.1 + x.detach() * 0.9
         h = self.transformer(x, self.layout)
         n_text = self.layout.text_len - 1  # positions that predict the next text token
         text_logits = self._text_logits(h[:, :n_text])

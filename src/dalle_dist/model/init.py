@@ -37,6 +37,8 @@ def initial_value(module: nn.Module, name: str, shape: torch.Size,
         return torch.zeros(shape, device="cpu")
     if isinstance(module, nn.LayerNorm):
         return (torch.ones if name == "weight" else torch.zeros)(shape, device="cpu")
+    if name == "scale" and hasattr(module, "initial"):  # transformer.LayerScale
+        return torch.full(shape, float(module.initial), device="cpu")
     raise TypeError(f"no initial value for {type(module).__name__}.{name}: "
                     "say how model/init.py initialises it")
 

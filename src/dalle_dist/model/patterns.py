@@ -130,14 +130,20 @@ class ConvLikePattern(AttentionPattern):
 
     @property
     def reach(self) -> int:
-        """How many cells the window extends on each side."""
-        return self.kernel_size // 2 * self.dilation
+        """How many rows (and columns) back from the query the window extends.
+
+        DALLE-pytorch's window (SparseConvCausalAttention, 1.6.6): the k x k grid of cells
+        (dilated) whose bottom-right corner is the query, i.e. rows r - (k-1)d .. r and
+        columns c - (k-1)d .. c, all before the query in raster order. It pads the grid
+        by 2 x (k // 2) x d on the top and the left and unfolds, so a window that would
+        reach past the grid's edge loses those cells."""
+        return (self.kernel_size - 1) * self.dilation
 
     def image_rule(self, layout: SequenceLayout, jq: Tensor, jk: Tensor) -> Tensor:
         s, d = layout.fmap_size, self.dilation
         dr = torch.div(jq, s, rounding_mode="floor") - torch.div(jk, s, rounding_mode="floor")
         dc = torch.remainder(jq, s) - torch.remainder(jk, s)
-        return ((dr.abs() <= self.reach) & (dc.abs() <= self.reach)
+        return ((dr >= 0) & (dr <= self.reach) & (dc >= 0) & (dc <= self.reach)
                 & (torch.remainder(dr, d) == 0) & (torch.remainder(dc, d) == 0))
 
 

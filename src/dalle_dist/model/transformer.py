@@ -33,17 +33,38 @@ class FeedForward(nn.Module):
         return self.proj_out(self.dropout(self.to_value(x) * F.gelu(self.to_gate(x))))
 
 
+class LayerScale(nn.Module):
+    """DALLE-pytorch 1.x's LayerScale (CaiT, arXiv 2103.17239): a branch's output times a
+    learned per-channel vector. It belongs to the layer, not to the branch's module, so
+    layers that share an attention or feed-forward module keep their own scales."""
+
+    def __init__(self, dim: int, layer: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.empty(dim))
+        #: DALLE-pytorch's starting value, by layer number (model/init.py fills it)
+        self.initial = 0.1 if layer <= 18 else 1e-5 if layer <= 24 else 1e-6
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.scale
+
+
 class Block(nn.Module):
     def __init__(self, dim: int, heads: int, dim_head: int, ff_mult: int, attn_dropout: float,
                  ff_dropout: float, pattern_name: str, options: PatternOptions,
-                 attn_impl: str, stable: bool, shift: bool = False) -> None:
+                 attn_impl: str, stable: bool, shift: bool = False,
+                 layer_scale: int | None = None, rotate_values: bool = False) -> None:
+        """layer_scale: this layer's number (from 1) when its branches are scaled
+        (DALLEConfig.layer_scale), else None."""
         super().__init__()
         self.shift = shift  # --shift_tokens (model/shift.py) on the normalised inputs
         self.attn_norm = nn.LayerNorm(dim)
         self.attn = Attention(dim, heads, dim_head, attn_dropout,
-                              build_pattern(pattern_name, options), attn_impl, stable)
+                              build_pattern(pattern_name, options), attn_impl, stable,
+                              rotate_values)
         self.ff_norm = nn.LayerNorm(dim)
         self.ff = FeedForward(dim, ff_mult, ff_dropout)
+        self.attn_scale = LayerScale(dim, layer_scale) if layer_scale else None
+        self.ff_scale = LayerScale(dim, layer_scale) if layer_scale else None
         #: --activation_checkpointing: recompute this block in backward (set_checkpointing)
         self.checkpointing = False
         #: train --compile: train_step compiled (compile_training); None: eager
@@ -103,12 +124,14 @@ class Block(nn.Module):
         if self.shift:
             h = shift_tokens(h, layout, cache.shift.attn if cache is not None else None,
                              positions)
-        x = x + self.attn(h, layout, cache, positions, rotation)
+        out = self.attn(h, layout, cache, positions, rotation)
+        x = x + (self.attn_scale(out) if self.attn_scale is not None else out)
         h = self.ff_norm(x)
         if self.shift:
             h = shift_tokens(h, layout, cache.shift.ff if cache is not None else None,
                              positions)
-        return x + self.ff(h)
+        out = self.ff(h)
+        return x + (self.ff_scale(out) if self.ff_scale is not None else out)
 
 
 def share_modules(blocks: Sequence[Block], attribute: str, ids: Sequence[str] | None) -> None:
@@ -130,15 +153,18 @@ class Transformer(nn.Module):
                  options: PatternOptions | None = None, attn_impl: str = "auto",
                  stable: bool = False, rotary_emb: bool = False,
                  shift_tokens: bool = False, shared_attn_ids: Sequence[str] | None = None,
-                 shared_ff_ids: Sequence[str] | None = None) -> None:
+                 shared_ff_ids: Sequence[str] | None = None, layer_scale: bool = False,
+                 rotate_values: bool = False) -> None:
         super().__init__()
         self.heads, self.dim_head, self.dim = heads, dim_head, dim
+        self.stable = stable
         options = options or PatternOptions()
         # --rotary_emb: one rotation table for every layer (model/rotary.py); no parameters.
         self.rotary = RotaryEmbedding(dim_head) if rotary_emb else None
         self.blocks = nn.ModuleList(
             Block(dim, heads, dim_head, ff_mult, attn_dropout, ff_dropout,
-                  attn_types[i % len(attn_types)], options, attn_impl, stable, shift_tokens)
+                  attn_types[i % len(attn_types)], options, attn_impl, stable, shift_tokens,
+                  i + 1 if layer_scale else None, rotate_values)
             for i in range(depth)
         )
         share_modules(self.blocks, "attn", shared_attn_ids)
@@ -207,4 +233,8 @@ class Transformer(nn.Module):
                     if self.rotary is not None else None)
         for i, block in enumerate(self.blocks):
             x = block(x, layout, cache[i] if cache is not None else None, positions, rotation)
+        if self.stable:
+            # --stable_softmax: DALLE-pytorch divides the output by its (detached) maximum
+            # before the final norm, which keeps a 16-bit stream in range
+            x = x / x.amax(dim=-1, keepdim=True).detach()
         return self.norm(x)

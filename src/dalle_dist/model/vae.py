@@ -47,10 +47,15 @@ class DiscreteVAE(nn.Module):
         encoder.append(nn.Conv2d(hidden, config.num_tokens, 1))
         self.encoder = nn.Sequential(*encoder)
 
-        decoder: list[nn.Module] = [nn.Conv2d(config.codebook_dim, hidden, 1)]
+        decoder: list[nn.Module] = []
+        in_ch = config.codebook_dim
+        if config.decoder_stem:
+            decoder.append(nn.Conv2d(config.codebook_dim, hidden, 1))
+            in_ch = hidden
         decoder += [ResBlock(hidden) for _ in range(config.num_resnet_blocks)]
         for _ in range(config.num_layers):
-            decoder += [nn.ConvTranspose2d(hidden, hidden, 4, stride=2, padding=1), nn.ReLU()]
+            decoder += [nn.ConvTranspose2d(in_ch, hidden, 4, stride=2, padding=1), nn.ReLU()]
+            in_ch = hidden
         decoder.append(nn.Conv2d(hidden, config.channels, 1))
         self.decoder = nn.Sequential(*decoder)
 

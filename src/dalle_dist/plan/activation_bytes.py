@@ -37,7 +37,7 @@ def attention_path(pattern: str, device: str, fmap_size: int, attn_impl: str = "
 def _band_keys(c: DALLEConfig, pattern: str) -> tuple[int, int]:
     """(lines gathered per grid line, keys per image query) of band_gather."""
     s, text = c.image_fmap_size, c.text_seq_len + 1
-    band = c.conv_kernel_size // 2 * c.conv_dilation + 1 if pattern == "conv_like" else 1
+    band = (c.conv_kernel_size - 1) * c.conv_dilation + 1 if pattern == "conv_like" else 1
     return band, text + band * s
 
 
