@@ -53,6 +53,7 @@ RANK_FILES = frozenset(f"tests/{name}.py" for name in (
     "backends/test_node_local_files", "backends/test_multinode", "backends/test_compile",
     "backends/test_sharded_checkpoints", "backends/test_ds_resharding",
     "backends/test_sharded_memory", "backends/test_token_shards", "test_selftest",
+    "backends/test_dalle_pytorch_import",
 ))
 #: The longest of them, and those that time a wait (a hung peer, a run stopped after step
 #: k): under pytest-xdist (`make test`) one worker runs them first and in this order, so

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from dalle_dist.backends.optim_state import optimizer_state_by_index
 from dalle_dist.checkpoint.dalle_pytorch import (
@@ -359,3 +358,64 @@ def test_import_refuses_a_file_that_needs_code_and_a_file_of_ours(tmp_path: Path
     result = run_cli("checkpoint", "import", str(ours), str(tmp_path / "b.pt"))
     assert_user_error(result, "is not a DALLE-pytorch dalle.pt or vae.pt")
     assert not (tmp_path / "a.pt").exists() and not (tmp_path / "b.pt").exists()
+
+
+def test_a_model_on_a_taming_vqgan_imports_with_that_vqgan(tmp_path: Path) -> None:
+    """A VQGanVAE-based dalle.pt carries the VQGAN's weights (and its loss's) but not its
+    config: the import takes the VQGAN's files, as DALLE-pytorch's generate.py --taming
+    does, checks them against the carried copy, and the DALL-E then samples on it. Built
+    around the real taming fixture (tests/fixtures/vqgan) in a stand-in VQGanVAE, whose
+    own constructor needs omegaconf and taming."""
+    import copy
+
+    from dalle_dist.checkpoint.taming import TamingConfig, load_vqgan
+    from dalle_dist.errors import CheckpointError
+
+    dp = dalle_pytorch()
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "vqgan"
+    flags = TamingConfig(vqgan_model_path=str(fixture / "tiny_vqgan.ckpt"),
+                         vqgan_config_path=str(fixture / "tiny_vqgan.yaml"))
+    vqgan = load_vqgan(flags.vqgan_model_path, flags.vqgan_config_path)
+    theirs_vae = dp.VQGanVAE.__new__(dp.VQGanVAE)
+    torch.nn.Module.__init__(theirs_vae)
+    theirs_vae.model = copy.deepcopy(vqgan)
+    theirs_vae.model.loss = torch.nn.Linear(2, 2)  # taming's VQModel keeps its loss's weights
+    theirs_vae.image_size = vqgan.config.resolution
+    theirs_vae.num_layers = len(vqgan.config.ch_mult) - 1
+    theirs_vae.num_tokens, theirs_vae.channels = vqgan.config.n_embed, 3
+    hparams = {**BASE, "num_text_tokens": 257, "rotary_emb": True, "shift_tokens": True}
+    torch.manual_seed(0)
+    theirs = dp.DALLE(vae=theirs_vae, **hparams).eval()
+    saved = saved_like_train_dalle(theirs, hparams, None, vae_class_name="VQGanVAE")
+    src, out = tmp_path / "dalle.pt", tmp_path / "ours.pt"
+    torch.save(saved, src)
+
+    with pytest.raises(CheckpointError, match="trained on a taming VQGAN"):
+        import_file(src)
+    payload = import_file(src, taming=flags).payload
+    assert payload["configs"]["vae"] == vqgan.config.to_dict()
+    assert payload["vae_weights"].keys() == vqgan.state_dict().keys()
+    fmap = vqgan.config.fmap_size
+    text = _batch(7)[0]
+    image = torch.randint(0, vqgan.config.n_embed, (3, fmap * fmap))
+    with torch.no_grad():
+        their_logits = theirs(text.clone(), image)
+        _, image_logits = _our_logits(_ours(payload).eval(), text, image)
+    torch.testing.assert_close(image_logits, their_logits[:, TEXT_LEN:, 257 + TEXT_LEN:],
+                               rtol=1e-5, atol=2e-5)
+
+    write_import(src, out, taming=flags)
+    result = run_cli("generate", "--dalle_path", str(out), "--text", "a circle",
+                     "--num_images", "1", "--outputs_dir", str(tmp_path / "gen"))
+    assert result.returncode == 0, result.stderr
+    assert list((tmp_path / "gen").rglob("*.png"))
+
+    other = copy.deepcopy(saved)
+    name = next(k for k in other["weights"] if k.startswith("vae.model.encoder."))
+    other["weights"][name] = other["weights"][name] + 1e-3
+    torch.save(other, src)
+    result = run_cli("checkpoint", "import", str(src), str(tmp_path / "no.pt"),
+                     "--vqgan_model_path", flags.vqgan_model_path, "--vqgan_config_path",
+                     flags.vqgan_config_path)
+    assert_user_error(result, f"its VQGAN weight {name} differs")
+    assert not (tmp_path / "no.pt").exists()

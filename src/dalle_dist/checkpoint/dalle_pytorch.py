@@ -130,8 +130,9 @@ def _attn_types(value: Any) -> tuple[str, ...]:
     return tuple(str(t) for t in value)
 
 
-def dalle_config(hparams: dict[str, Any], vae: VAEConfig, path: Path) -> DALLEConfig:
-    """Our DALLEConfig for DALLE(vae=vae, **hparams), or a refusal naming the option."""
+def dalle_config(hparams: dict[str, Any], vae: Any, path: Path) -> DALLEConfig:
+    """Our DALLEConfig for DALLE(vae=vae, **hparams), or a refusal naming the option
+    (`vae`: the image tokenizer's config, a VAEConfig or VQGANConfig)."""
     unknown = sorted(set(hparams) - set(DALLE_DEFAULTS) - {"dim", "depth"})
     if unknown:
         raise _refuse(path, f"its hparams have option {unknown[0]}, which DALLE-pytorch "
@@ -434,11 +435,35 @@ def _vae_weights(weights: dict[str, torch.Tensor], config: VAEConfig, path: Path
     return out
 
 
-def import_file(path: str | Path, tokenizer: Any = None) -> Imported:
-    """Our payload for a DALLE-pytorch `dalle.pt` or `vae.pt` (`tokenizer`: the command's
-    TokenizerConfig; None: no tokenizer flags)."""
-    from dalle_dist.data.config import TokenizerConfig
+def _their_vqgan(weights: dict[str, torch.Tensor], taming: Any, path: Path) -> Any:
+    """The taming VQGAN a VQGanVAE-based dalle.pt was trained on: loaded from the flags'
+    files (--vqgan_model_path / --vqgan_config_path, as DALLE-pytorch's generate.py
+    --taming takes them), and checked against the copy of its weights the file carries
+    (`vae.model.*`; the loss's weights there are no part of the tokenizer)."""
+    from dalle_dist.checkpoint.taming import load_vqgan
 
+    if taming is None or not (taming.vqgan_model_path and taming.vqgan_config_path):
+        raise _refuse(path, "the model was trained on a taming VQGAN (VQGanVAE), whose "
+                      "config the file does not carry",
+                      "pass the VQGAN it was trained with: --vqgan_model_path last.ckpt "
+                      "--vqgan_config_path model.yaml (DALLE-pytorch's default is "
+                      "~/.cache/dalle/vqgan.1024.model.ckpt and vqgan.1024.config.yml)")
+    vqgan = load_vqgan(taming.vqgan_model_path, taming.vqgan_config_path)
+    for name, value in vqgan.state_dict().items():
+        carried = weights.get("vae.model." + name)
+        if carried is None or carried.shape != value.shape or not torch.equal(
+                carried.to(value.dtype), value):
+            raise _refuse(path, f"its VQGAN weight vae.model.{name} differs from "
+                          f"--vqgan_model_path {taming.vqgan_model_path}'s",
+                          "pass the VQGAN the model was trained with")
+    return vqgan
+
+
+def import_file(path: str | Path, tokenizer: Any = None, taming: Any = None) -> Imported:
+    """Our payload for a DALLE-pytorch `dalle.pt` or `vae.pt` (`tokenizer`: the command's
+    TokenizerConfig, None: no tokenizer flags; `taming`: its TamingConfig, for a model
+    trained on a VQGAN)."""
+    from dalle_dist.data.config import TokenizerConfig
     from dalle_dist.model.dalle import DALLE
 
     path = Path(path)
@@ -456,28 +481,33 @@ def import_file(path: str | Path, tokenizer: Any = None) -> Imported:
                                   f"tokens of {config.num_tokens}"])
     vae_class = obj.get("vae_class_name")
     vae_params = obj["vae_params"]
-    if vae_params is None or vae_class in ("OpenAIDiscreteVAE", "VQGanVAE"):
-        which = ("a taming VQGAN (--taming)" if vae_class == "VQGanVAE" else
-                 "OpenAI's pretrained dVAE" if vae_class == "OpenAIDiscreteVAE" else
-                 "a pretrained VAE (OpenAI's dVAE or a taming VQGAN)")
+    if vae_params is None and vae_class == "VQGanVAE":
+        vqgan = _their_vqgan(weights, taming, path)
+        image_config, image_weights = vqgan.config, vqgan.state_dict()
+    elif vae_params is None:
+        which = ("OpenAI's pretrained dVAE" if vae_class in ("OpenAIDiscreteVAE", None) else
+                 f"a {vae_class}")
         raise _refuse(path, f"the model was trained on {which}, which dalle_dist cannot "
-                      "import from a dalle.pt yet",
-                      "only models trained on a DiscreteVAE from train_vae.py import; for a "
-                      "VQGAN, train anew with dalle-dist train --taming --vqgan_model_path "
-                      "... --vqgan_config_path ...")
-    vae_config = _vae_config(vae_params, path)
-    config = dalle_config(hparams, vae_config, path)
+                      "load (it downloads no pretrained weights, and has no OpenAI dVAE)",
+                      "import a model trained on a DiscreteVAE from train_vae.py, or on a "
+                      "taming VQGAN (pass its --vqgan_model_path and --vqgan_config_path)")
+    else:
+        image_config = _vae_config(vae_params, path)
+        image_weights = None  # read below, once the options are known to import
+    config = dalle_config(hparams, image_config, path)
+    if scales_are_ones(weights):
+        config = replace(config, layer_scale=False)
     tokenizer_dict, note = import_tokenizer(obj, tokenizer or TokenizerConfig(),
                                             config.num_text_tokens, path)
     if note:
         notes.append(note)
-    if scales_are_ones(weights):
-        config = replace(config, layer_scale=False)
     check_rotary(weights, config, path)
     if "sparse" in config.attn_types:
         notes.append("its 'sparse' layers take dalle_dist's sparse pattern: DeepSpeed drew "
                      "their random blocks when the model was built and did not save them, "
                      "so the blocks differ (as they did at each DALLE-pytorch restart)")
+    if image_weights is None:
+        image_weights = _vae_weights(weights, image_config, path, prefix="vae.")
     with torch.device("meta"):
         model = DALLE(config)
     mapped = map_weights(weights, model, path)
@@ -486,24 +516,23 @@ def import_file(path: str | Path, tokenizer: Any = None) -> Imported:
     if why:
         notes.append(f"no optimizer state carried over: {why}")
     scheduler = obj.get("scheduler_state")
-    configs = {"model": config.to_dict(), "vae": vae_config.to_dict(),
+    configs = {"model": config.to_dict(), "vae": image_config.to_dict(),
                "tokenizer": tokenizer_dict}
     payload = _payload("dalle", configs, dalle_weights, int(obj.get("epoch", 0)),
-                       vae_weights=_vae_weights(weights, vae_config, path, prefix="vae."),
-                       dalle_pytorch_version=version)
+                       vae_weights=image_weights, dalle_pytorch_version=version)
     payload["optimizer"] = optimizer
     payload["scheduler"] = scheduler if isinstance(scheduler, dict) else None
     return Imported(payload, notes)
 
 
 def write_import(path: str | Path, out: str | Path, tokenizer: Any = None,
-                 force: bool = False) -> Imported:
+                 force: bool = False, taming: Any = None) -> Imported:
     """`checkpoint import SRC OUT`: everything is read and checked before OUT is written
     (atomically)."""
     from dalle_dist.checkpoint.tools import check_output
 
     check_output(Path(out), "OUT", force)
-    imported = import_file(path, tokenizer)
+    imported = import_file(path, tokenizer, taming)
     write_checkpoint_file(out, imported.payload)
     return imported
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from dalle_dist.checkpoint.taming import TamingConfig
 from dalle_dist.config_base import JsonOutput, add_flags, from_args
 from dalle_dist.data.config import TokenizerConfig
 
@@ -80,6 +81,10 @@ def add_checkpoint(p: argparse.ArgumentParser) -> None:
     q.add_argument("source", metavar="SRC", help="DALLE-pytorch's dalle.pt or vae.pt")
     q.add_argument("out", metavar="OUT", help="the dalle_dist .pt file to write")
     add_flags(q, TokenizerConfig)
+    add_flags(q, TamingConfig, only=["vqgan_model_path", "vqgan_config_path"], help={
+        "vqgan_model_path": "for a model trained on a taming VQGAN (DALLE-pytorch's --taming): "
+                            "its .ckpt, checked against the copy the dalle.pt carries",
+        "vqgan_config_path": "that VQGAN's model.yaml"})
     q.add_argument("--force", action="store_true", help="replace OUT if it exists")
     q.set_defaults(run=run_import)
 
@@ -132,7 +137,9 @@ def run_import(args: argparse.Namespace) -> int:
     from dalle_dist.checkpoint.dalle_pytorch import write_import
 
     tokenizer = from_args(TokenizerConfig, args)
-    imported = write_import(args.source, args.out, tokenizer, force=args.force)
+    taming = from_args(TamingConfig, args)
+    taming.validate()
+    imported = write_import(args.source, args.out, tokenizer, force=args.force, taming=taming)
     payload = imported.payload
     configs = payload["configs"]
     count = sum(t.numel() for t in payload["weights"].values())

@@ -98,7 +98,9 @@ class DALLEConfig(DictConfig):
         + ", ".join(PATTERNS), parse=comma_list)
     loss_img_weight: float = option(
         7.0, "weight W of the image tokens' loss: loss = (text loss + W x image loss) / (W + 1)")
-    conv_kernel_size: int = option(5, "conv_like window side, odd")
+    conv_kernel_size: int = option(
+        5, "conv_like window side, odd: an image token sees the k x k cells (dilated) "
+        "that end at it, up and to the left, as in DALLE-pytorch")
     conv_dilation: int = option(1, "conv_like window dilation")
     sparse_random_blocks: int | None = option(
         None, "sparse: random 16-token blocks per block",
@@ -109,8 +111,9 @@ class DALLEConfig(DictConfig):
         "padding) at this rate per sample, so that generate --cond_scale can guide; the "
         "checkpoint records it")
     stable_softmax: bool = option(
-        False, "DALLE-pytorch's stable softmax: max-normalised output before the logits and "
-        "a stabler softmax in the dense and gather paths")
+        False, "DALLE-pytorch's stable mode: the transformer's output divided by its max "
+        "before the final norm, the embeddings' gradient scaled by 0.1, and a stabler "
+        "softmax in the dense and band paths")
     rotary_emb: bool = option(
         False, "rotary position embeddings (DALLE-pytorch's): 1-D over the text, axial "
         "(row, column) over the image, on every layer's queries and keys; replaces the "
