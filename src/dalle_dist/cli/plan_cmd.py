@@ -36,7 +36,7 @@ from dalle_dist.errors import ConfigError
 from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
 from dalle_dist.model.vqgan import VQGANConfig
 from dalle_dist.plan.config import PlanConfig
-from dalle_dist.train.config import TrainConfig
+from dalle_dist.train.config import DalleRun, TrainConfig
 
 #: the VAE flags that shape the DALL-E (the others only change how a VAE trains)
 _VAE_SHAPE = ("image_size", "num_tokens", "num_layers", "num_resnet_blocks", "codebook_dim",
@@ -48,11 +48,10 @@ def add_plan(p: argparse.ArgumentParser) -> None:
                      "these flags for every backend x ZeRO stage x precision, "
                      "and recommend one. Nothing is built or launched.")
     model = p.add_argument_group("model (as `train`)")
-    model.add_argument("--dalle_path", metavar="PATH", default=None,
-                       help="size the model of this DALL-E checkpoint (any of ours, an "
-                            "imported one included; only its configs are read): its model, "
-                            "VAE or VQGAN and vocabulary replace the model, VAE and "
-                            "tokenizer flags")
+    add_flags(model, DalleRun, only=["dalle_path"], help={
+        "dalle_path": "size the model of this DALL-E checkpoint (any of ours, an imported "
+                      "one included; only its configs are read): its model, VAE or VQGAN "
+                      "and vocabulary stand for the model, VAE and tokenizer flags"})
     add_flags(model, DALLEConfig)
     add_flags(model, PlanConfig, only=["num_text_tokens"])
     add_flags(model, TokenizerConfig,
