@@ -367,6 +367,23 @@ def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert row["params"] == 4 * report["parameters"]["dalle"]
 
 
+def test_plan_sizes_a_checkpoints_own_model(tiny_dalle: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """--dalle_path: the checkpoint's model and VAE, not the flags' defaults (fails if
+    plan reads the flags instead: dim 128 against the checkpoint's 32); a model flag
+    beside it is refused."""
+    payload = torch.load(tiny_dalle, weights_only=True)
+    assert plan_main(["--json", "--dalle_path", str(tiny_dalle)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["model"]["dalle"] == payload["configs"]["model"]
+    vae = VAEConfig.from_dict(payload["configs"]["vae"])
+    assert report["parameters"] == {
+        "dalle": meta_parameters(DALLE, DALLEConfig.from_dict(payload["configs"]["model"])),
+        "vae": meta_parameters(DiscreteVAE, vae)}
+    assert plan_main(["--dalle_path", str(tiny_dalle), "--dim", "64"]) == 2
+    assert "--dim and --dalle_path both set the model" in capsys.readouterr().err
+
+
 def test_plan_runs_as_a_real_command() -> None:
     """`python -m dalle_dist plan`, as a user types it (fails if plan is not registered)."""
     result = run_cli("plan", "--json", "--precision", "fp32", "--depth", "2")
