@@ -1,11 +1,11 @@
 """lucidrains/DALLE-pytorch 1.6.6's sampling speed on bench/generate.py's config, as JSON.
 
 Run it with an interpreter that has `dalle-pytorch==1.6.6` (its dependencies beyond torch
-and einops are not needed: `pip install --no-deps dalle-pytorch==1.6.6
-axial_positional_embedding rotary-embedding-torch` into a scratch venv that also sees torch),
-in the same session as bench/generate.py, so the two numbers share the machine's load:
+and einops are not needed; `make test` installs it in .venv with `--no-deps`, beside
+rotary-embedding-torch and axial_positional_embedding: Makefile), in the same session as
+bench/generate.py, so the two numbers share the machine's load:
 
-    /tmp/dp166/bin/python bench/generate_reference.py
+    .venv/bin/python bench/generate_reference.py
 
 Two paths are timed:
   as_shipped  `generate_images(..., use_cache=True)`: at cond_scale 1 (the default) 1.6.6's
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import types
 from pathlib import Path
 
 import torch
@@ -35,17 +34,13 @@ from common import emit, median, set_threads
 
 
 def stub_unused_imports() -> None:
-    """1.6.6 imports omegaconf and taming at module level for its VQGAN wrapper, which this
-    bench never builds; empty stand-ins let it import without those installs."""
-    for name in ("omegaconf", "taming", "taming.models", "taming.models.vqgan"):
-        if name in sys.modules:
-            continue
-        try:
-            __import__(name)
-        except ImportError:
-            module = types.ModuleType(name)
-            module.OmegaConf = module.VQModel = module.GumbelVQ = object
-            sys.modules[name] = module
+    """1.6.6 imports omegaconf, taming and pkg_resources at module level for what this
+    bench never builds: the tests' loader (tests/checkpoint/dalle_pytorch_reference.py)
+    gives it empty stand-ins and checks the version."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.checkpoint.dalle_pytorch_reference import dalle_pytorch
+
+    dalle_pytorch()
 
 
 def use_cache_path(model: torch.nn.Module, cached: bool) -> None:

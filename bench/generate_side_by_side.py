@@ -9,7 +9,7 @@ contenders alike. The process's CPU time gives a second ratio (cpu_speedup_...),
 by a neighbour's load. Run it with the interpreter that has dalle-pytorch (generate_reference.py
 says how to make one) and our sources on the path:
 
-    PYTHONPATH=src /tmp/dp166/bin/python bench/generate_side_by_side.py [--rotary_shift]
+    .venv/bin/python bench/generate_side_by_side.py [--rotary_shift]
 
 Contenders: 1.6.6's cached path in fp32; ours through the static KV cache, eager and
 compiled (`generate --compile`), in fp32 and with the DALL-E cast to fp16 and bf16

@@ -7,8 +7,8 @@ the rounds, by wall time and by the process's CPU time. Run it with the interpre
 has dalle-pytorch (bench/generate_reference.py says how to make one) and our sources on
 the path:
 
-    PYTHONPATH=src /tmp/dp166/bin/python bench/train_side_by_side.py [--rotary_shift]
-    PYTHONPATH=src /tmp/dp166/bin/python bench/train_side_by_side.py \
+    .venv/bin/python bench/train_side_by_side.py [--rotary_shift]
+    .venv/bin/python bench/train_side_by_side.py \
         --patterns full,axial_row --image_tokens 1024
 
 A step, on either side, is the model-level step of its training script (no data loading,
