@@ -42,10 +42,11 @@ $(ENGINES): $(BASE) scripts/build_horovod.sh
 	$(BIN)/pip install --quiet Cython setuptools wheel
 	$(BIN)/pip install --quiet --no-build-isolation 'youtokentome>=1.0.6'
 	# DALLE-pytorch itself, for the checkpoint import/export tests (tests/checkpoint/
-	# dalle_pytorch_reference.py): its DALLE and DiscreteVAE need only these three; --no-deps
-	# keeps out its torchvision, DALL-E, taming and transformers
+	# dalle_pytorch_reference.py): its DALLE and DiscreteVAE need only the next two, its
+	# default tokenizer ftfy and regex; --no-deps keeps out torchvision, DALL-E, taming and
+	# transformers
 	$(BIN)/pip install --quiet --no-deps dalle-pytorch==1.6.6 rotary-embedding-torch==0.9.1 \
-		axial_positional_embedding==0.3.12
+		axial_positional_embedding==0.3.12 ftfy==6.3.1 regex wcwidth
 	touch $(ENGINES)
 
 # Trains a VAE (or reuses the cached one) and DALL-E on the built-in shapes, then prints

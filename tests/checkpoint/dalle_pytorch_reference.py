@@ -3,8 +3,9 @@
 `make test` installs `dalle-pytorch==1.6.6` with `--no-deps`, beside the three modules its
 DALLE and DiscreteVAE need (einops, rotary-embedding-torch 0.9.1,
 axial_positional_embedding 0.3.12: Makefile). Its package __init__ also imports taming's
-VQGAN, omegaconf and pkg_resources, which these tests never use: empty stand-ins take
-their place when they are not installed.
+VQGAN, omegaconf and pkg_resources, and its tokenizer module transformers' BertTokenizer
+(for --chinese), which these tests never use: empty stand-ins take their place when they
+are not installed. Its default tokenizer also needs ftfy and regex (installed beside it).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ REFERENCE = "1.6.6"
 
 def dalle_pytorch() -> types.ModuleType:
     for name in ("omegaconf", "taming", "taming.models", "taming.models.vqgan",
-                 "pkg_resources"):
+                 "pkg_resources", "transformers"):
         if name in sys.modules:
             continue
         try:
@@ -28,6 +29,7 @@ def dalle_pytorch() -> types.ModuleType:
         except ImportError:
             stand_in = types.ModuleType(name)
             stand_in.OmegaConf = stand_in.VQModel = stand_in.GumbelVQ = object  # type: ignore[attr-defined]
+            stand_in.BertTokenizer = object  # type: ignore[attr-defined]
             stand_in.get_distribution = lambda *_: None  # type: ignore[attr-defined]
             sys.modules[name] = stand_in
     import dalle_pytorch
@@ -46,3 +48,11 @@ def saved_like_train_dalle(model: torch.nn.Module, hparams: dict[str, Any],
             "weights": model.state_dict(),
             "opt_state": optimizer.state_dict() if optimizer is not None else None,
             "scheduler_state": scheduler.state_dict() if scheduler is not None else None}
+
+
+def simple_tokenizer() -> Any:
+    """DALLE-pytorch's default tokenizer (dalle_pytorch.tokenizer.tokenizer, CLIP's BPE)."""
+    dalle_pytorch()
+    from dalle_pytorch.tokenizer import tokenizer
+
+    return tokenizer

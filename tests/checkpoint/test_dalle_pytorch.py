@@ -419,3 +419,32 @@ def test_a_model_on_a_taming_vqgan_imports_with_that_vqgan(tmp_path: Path) -> No
                      flags.vqgan_config_path)
     assert_user_error(result, f"its VQGAN weight {name} differs")
     assert not (tmp_path / "no.pt").exists()
+
+
+def test_a_model_on_the_default_clip_tokenizer_reads_captions_as_trained(tmp_path: Path
+                                                                         ) -> None:
+    """DALLE-pytorch's default tokenizer (CLIP's BPE, 49408 ids) is not saved in its files:
+    the import finds its merges file in the installed DALLE-pytorch and carries it, so the
+    checkpoint turns a caption into the ids DALLE-pytorch's tokenizer gives, and the logits
+    for that caption are theirs."""
+    from dalle_dist.checkpoint.load import dalle_parts
+    from dalle_dist.data.tokenizer import tokenize
+    from tests.checkpoint.dalle_pytorch_reference import simple_tokenizer
+
+    hparams = {**BASE, "num_text_tokens": 49408, "depth": 2}
+    theirs = _their_model(hparams, 0).eval()
+    src = tmp_path / "dalle.pt"
+    torch.save(saved_like_train_dalle(theirs, hparams, VAE_PARAMS), src)
+    imported = import_file(src)
+    assert imported.payload["configs"]["tokenizer"]["kind"] == "clip"
+    assert any("read from its install" in note for note in imported.notes), imported.notes
+    _, _, tokenizer = dalle_parts(imported.payload)
+    caption = "A Small red circle, left!"
+    text = tokenize(tokenizer, [caption], TEXT_LEN)
+    assert torch.equal(text, simple_tokenizer().tokenize([caption], TEXT_LEN))
+    image = _batch(8)[1][:1]
+    with torch.no_grad():
+        their_logits = theirs(text.clone(), image)
+        _, image_logits = _our_logits(_ours(imported.payload).eval(), text, image)
+    torch.testing.assert_close(image_logits, their_logits[:, TEXT_LEN:, 49408 + TEXT_LEN:],
+                               rtol=1e-5, atol=2e-5)

@@ -743,6 +743,7 @@ def import_tokenizer(obj: dict[str, Any], config: Any, vocab: int, path: Path
 
     DALLE-pytorch does not save its tokenizer: without flags the checkpoint carries none,
     and generate and train then ask for the flags (checkpoint.load.dalle_parts)."""
+    from dalle_dist.data.config import TokenizerConfig
     from dalle_dist.data.tokenizer import load_tokenizer
 
     if config.given:
@@ -760,8 +761,30 @@ def import_tokenizer(obj: dict[str, Any], config: Any, vocab: int, path: Path
     if isinstance(kept, dict):
         return kept, None
     if vocab == CLIP_VOCAB:
-        return None, (f"{vocab} text tokens: DALLE-pytorch's default CLIP tokenizer, which "
-                      "dalle_dist does not have; the checkpoint carries no tokenizer")
+        merges = installed_clip_merges()
+        if merges is not None:
+            tokenizer = load_tokenizer(TokenizerConfig(bpe_path=str(merges)))
+            return tokenizer.to_dict(), (f"{vocab} text tokens: DALLE-pytorch's default CLIP "
+                                         f"tokenizer, read from its install ({merges})")
+        return None, (f"{vocab} text tokens: DALLE-pytorch's default CLIP tokenizer; the "
+                      "checkpoint carries none: pass --bpe_path bpe_simple_vocab_16e6.txt "
+                      "(CLIP's merges file, in DALLE-pytorch's package data)")
     return None, ("DALLE-pytorch does not save its tokenizer: the checkpoint carries none; "
                   "pass --bpe_path (a YouTokenToMe model) to `checkpoint import`, or to "
                   "generate and train")
+
+
+def installed_clip_merges() -> Path | None:
+    """CLIP's merges file in an installed DALLE-pytorch's package data, found without
+    importing the package; None when there is none."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("dalle_pytorch")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        for name in ("bpe_simple_vocab_16e6.txt", "bpe_simple_vocab_16e6.txt.gz"):
+            if (Path(folder) / "data" / name).is_file():
+                return Path(folder) / "data" / name
+    return None

@@ -53,8 +53,9 @@ class TokenizerConfig(DictConfig):
     """
 
     bpe_path: str | None = option(
-        None, "tokenizer file: a YouTokenToMe BPE model (DALLE-pytorch's meaning), or with "
-        "--hug a HuggingFace tokenizers JSON", default_text="default: byte-level")
+        None, "tokenizer file: a YouTokenToMe BPE model (DALLE-pytorch's meaning), CLIP's "
+        "merges file bpe_simple_vocab_16e6.txt[.gz] (DALLE-pytorch's default tokenizer), or "
+        "with --hug a HuggingFace tokenizers JSON", default_text="default: byte-level")
     hug: bool = option(False, "--bpe_path is a HuggingFace tokenizers JSON")
     chinese: bool = option(
         False, "captions in Chinese: one token per CJK character, UTF-8 bytes for the rest, "

@@ -1,5 +1,6 @@
 """Text tokenizers: byte-level by default; --chinese one token per CJK character;
---hug --bpe_path a HuggingFace `tokenizers` JSON; --bpe_path alone a YouTokenToMe model.
+--hug --bpe_path a HuggingFace `tokenizers` JSON; --bpe_path alone a YouTokenToMe model,
+or CLIP's merges file (DALLE-pytorch's default tokenizer: data/clip_bpe.py).
 
 Id 0 is padding in every tokenizer here; the DALLE model turns each padding slot into its
 own token. A tokenizer serialises to a plain dict so a checkpoint alone can rebuild it
@@ -19,6 +20,8 @@ from typing import Any, Protocol
 
 import torch
 
+from dalle_dist.data.clip_bpe import HEADER as CLIP_HEADER
+from dalle_dist.data.clip_bpe import CLIPTokenizer, merges_text
 from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.errors import ConfigError, DalleDistError, DataError
 
@@ -282,8 +285,24 @@ def load_tokenizer(config: TokenizerConfig | None = None) -> Tokenizer:
     if config.bpe_path:
         if config.hug:
             return HFTokenizer.from_file(config.bpe_path)
+        merges = _clip_merges(config.bpe_path)
+        if merges is not None:
+            return CLIPTokenizer(merges)
         return YTTMTokenizer.from_file(config.bpe_path)
     return ByteTokenizer()
+
+
+def _clip_merges(path: str | Path) -> str | None:
+    """The text of CLIP's merges file if `path` is one (DALLE-pytorch's default
+    tokenizer: data/clip_bpe.py), else None (a missing file is YTTMTokenizer's to report)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if not (head.startswith(CLIP_HEADER.encode()) or head[:2] == b"\x1f\x8b"):
+                return None
+            return merges_text(head + f.read())
+    except OSError:
+        return None
 
 
 def tokenizer_from_dict(values: dict[str, Any]) -> Tokenizer:
@@ -292,6 +311,8 @@ def tokenizer_from_dict(values: dict[str, Any]) -> Tokenizer:
         return HFTokenizer(values["json"])
     if kind == "cjk":
         return CJKTokenizer()
+    if kind == "clip":
+        return CLIPTokenizer.from_dict(values)
     if kind == "yttm":
         return YTTMTokenizer(base64.b64decode(values["model"]),
                              "the checkpoint's tokenizer is a YouTokenToMe model")
@@ -330,7 +351,8 @@ def resolve_tokenizer(carried: dict[str, Any] | None, config: TokenizerConfig,
 
 def _describe_dict(values: dict[str, Any]) -> str:
     return {"hf": "a HuggingFace tokenizers JSON", "cjk": "--chinese",
-            "yttm": "a YouTokenToMe model"}.get(values.get("kind", "byte"), "byte-level")
+            "yttm": "a YouTokenToMe model", "clip": "CLIP's BPE, DALLE-pytorch's default"
+            }.get(values.get("kind", "byte"), "byte-level")
 
 
 def caption_too_long(caption: str, n_tokens: int, text_seq_len: int) -> DataError:
