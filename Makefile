@@ -14,6 +14,10 @@ ENGINES := $(VENV)/.installed-engines
 DEMO_DIR ?= demo
 
 DEEPSPEED := $(VENV)/.installed-deepspeed
+# DALLE-pytorch 1.6.6 and what its model and default tokenizer import, for the tests that
+# compare checkpoint import/export with it (installed --no-deps by the engines step)
+REFERENCE := dalle-pytorch==1.6.6 rotary-embedding-torch==0.9.1 axial_positional_embedding==0.3.12 \
+	ftfy==6.3.1 regex wcwidth
 GPU_CHECK_OUT ?= gpu-acceptance.json
 
 # The suite runs on two pytest-xdist workers: the 2-rank launch tests in one (in order, so
@@ -45,8 +49,7 @@ $(ENGINES): $(BASE) scripts/build_horovod.sh
 	# dalle_pytorch_reference.py): its DALLE and DiscreteVAE need only the next two, its
 	# default tokenizer ftfy and regex; --no-deps keeps out torchvision, DALL-E, taming and
 	# transformers
-	$(BIN)/pip install --quiet --no-deps dalle-pytorch==1.6.6 rotary-embedding-torch==0.9.1 \
-		axial_positional_embedding==0.3.12 ftfy==6.3.1 regex wcwidth
+	$(BIN)/pip install --quiet --no-deps $(REFERENCE)
 	touch $(ENGINES)
 
 # Trains a VAE (or reuses the cached one) and DALL-E on the built-in shapes, then prints

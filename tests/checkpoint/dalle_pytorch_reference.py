@@ -20,18 +20,30 @@ REFERENCE = "1.6.6"
 
 
 def dalle_pytorch() -> types.ModuleType:
-    for name in ("omegaconf", "taming", "taming.models", "taming.models.vqgan",
-                 "pkg_resources", "transformers"):
-        if name in sys.modules:
-            continue
+    """The dalle_pytorch package with its tokenizer module, imported once. The stand-ins
+    live in sys.modules only during that import: a pkg_resources stand-in left there
+    breaks what asks for the real one later in the same process (pytest's own
+    monkeypatch.syspath_prepend)."""
+    if "dalle_pytorch.tokenizer" not in sys.modules:
+        stand_ins = []
+        for name in ("omegaconf", "taming", "taming.models", "taming.models.vqgan",
+                     "pkg_resources", "transformers"):
+            if name in sys.modules:
+                continue
+            try:
+                __import__(name)
+            except ImportError:
+                stand_in = types.ModuleType(name)
+                for attr in ("OmegaConf", "VQModel", "GumbelVQ", "BertTokenizer"):
+                    setattr(stand_in, attr, object)
+                stand_in.get_distribution = lambda *_: None  # type: ignore[attr-defined]
+                sys.modules[name] = stand_in
+                stand_ins.append(name)
         try:
-            __import__(name)
-        except ImportError:
-            stand_in = types.ModuleType(name)
-            stand_in.OmegaConf = stand_in.VQModel = stand_in.GumbelVQ = object  # type: ignore[attr-defined]
-            stand_in.BertTokenizer = object  # type: ignore[attr-defined]
-            stand_in.get_distribution = lambda *_: None  # type: ignore[attr-defined]
-            sys.modules[name] = stand_in
+            import dalle_pytorch.tokenizer  # its package imports with it
+        finally:
+            for name in stand_ins:
+                del sys.modules[name]
     import dalle_pytorch
 
     assert dalle_pytorch.__version__ == REFERENCE, dalle_pytorch.__version__

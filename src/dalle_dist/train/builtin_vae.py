@@ -64,7 +64,11 @@ def builtin_vae(data: DataConfig, cache_dir: Path | None = None,
     # VAEs cached before it existed stay found.
     del key_data["channels"]
     del key_data["token_shards"]  # likewise (and a VAE is trained on images only)
-    key_source = json.dumps([vae_cfg.to_dict(), schedule.to_dict(), train.to_dict(),
+    vae_data = vae_cfg.to_dict()
+    # decoder_stem (added for VAEs imported from DALLE-pytorch) is always on here: out of
+    # the key, which stays every earlier cache's
+    del vae_data["decoder_stem"]
+    key_source = json.dumps([vae_data, schedule.to_dict(), train.to_dict(),
                              key_data], sort_keys=True)
     key = hashlib.sha256(key_source.encode()).hexdigest()[:12]
     path = (cache_dir or default_cache_dir()) / "vae" / f"shapes-{data.image_size}px-{key}.pt"
