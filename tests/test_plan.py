@@ -150,13 +150,16 @@ def test_layer_activations_are_what_autograd_saves(pattern: str, precision: str,
     ("axial_row", "fp32", "gather"), ("axial_col", "fp32", "matmul"),
     ("conv_like", "bf16", "matmul"),
 ])
-def test_layer_activations_with_rotary_and_shift(pattern: str, precision: str, impl: str
-                                                 ) -> None:
+@pytest.mark.parametrize("imported", [False, True], ids=["ours", "dalle_pytorch"])
+def test_layer_activations_with_rotary_and_shift(pattern: str, precision: str, impl: str,
+                                                 imported: bool) -> None:
     """--rotary_emb and --shift_tokens on: one more layer still adds exactly the modelled
-    bytes. Bugs: the rotated q and k left out; the tables cast once per q and per k."""
+    bytes; so it does with a model imported from DALLE-pytorch (LayerScale, rotated
+    values). Bugs: the rotated q and k left out; the tables cast once per q and per k; a
+    LayerScale's saved input left out."""
     torch.manual_seed(0)
     options = {"image_fmap_size": 8, "attn_types": (pattern,), "rotary_emb": True,
-               "shift_tokens": True}
+               "shift_tokens": True, "layer_scale": imported, "rotate_values": imported}
     one, two = dalle_config(depth=1, **options), dalle_config(depth=2, **options)
     measured = (saved_bytes(two, precision, 2, impl) - saved_bytes(one, precision, 2, impl))
     if precision != "fp32":

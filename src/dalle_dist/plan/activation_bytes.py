@@ -90,6 +90,9 @@ def layer_activation_bytes(c: DALLEConfig, path: str, pattern: str, t: Dtypes,
     on the sdpa and band gather paths (`dense`, the reference, saves less with it; so does
     sparse's gather, see _gather_bytes).
     --shift_tokens saves nothing more: the shifted input replaces the norm's output.
+    An imported DALLE-pytorch model: rotate_values rotates q, k and v in one tensor, which
+    then stands in for qkv's output (no 2 c i more); layer_scale keeps each branch's
+    output for its scale's gradient (2 c d).
     Path extras: `sdpa` with a mask keeps the mask as an n x n float (per layer, not per
     sample); `flex` writes its output head-major (to_out copies it: + c i); `dense` keeps
     copies of q, k and v for its einsums instead of qkv's output, no logsumexp, and
@@ -120,9 +123,12 @@ def layer_activation_bytes(c: DALLEConfig, path: str, pattern: str, t: Dtypes,
     else:
         raise ConfigError(f"unknown attention path {path!r}")
     if c.rotary_emb:
-        per_sample += 2 * k * i * n
+        # rotated values: the rotated q, k and v (3 c i) stand in for qkv's output
+        per_sample += (0 if c.rotate_values else 2) * k * i * n
         if k != 4:
             per_layer += 2 * n * dh * k
+    if c.layer_scale:  # each branch's output, kept for its scale's gradient
+        per_sample += 2 * k * d * n
     return per_sample, per_layer
 
 
@@ -166,7 +172,8 @@ def _gather_bytes(c: DALLEConfig, pattern: str, k: int, device: str) -> tuple[in
         blocks, width = _sparse_width(c, _seq_len(c))
         bs = SPARSE_BLOCK
         per_sample = h * blocks * (2 * k * bs * dh + 2 * k * width * bs * dh + lse(bs, True))
-        per_sample -= (5 if c.rotary_emb else 3) * k * h * dh * _seq_len(c)
+        rotated_qk = c.rotary_emb and not c.rotate_values
+        per_sample -= (5 if rotated_qk else 3) * k * h * dh * _seq_len(c)
         return per_sample, blocks * bs * width * bs * k + 8 * blocks * width
     s, text = c.image_fmap_size, c.text_seq_len + 1
     _, keys = _band_keys(c, pattern)
