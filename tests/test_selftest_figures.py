@@ -62,7 +62,9 @@ def test_tiny_compile_figure(tiny_checks: dict) -> None:
     assert d["compile"]["blocks"] == TINY["depth"] and d["compile_s"] > 0
     eager_s = tiny_checks["train"].details["run"]["step_s"]
     assert d["eager_step_s"] == eager_s
-    assert d["speedup"] == pytest.approx(eager_s / d["compiled_step_s"], rel=1e-3)
+    # the figure is rounded to 3 decimals: within half its last place (a relative bound
+    # failed once, for a speed-up of 0.436 on a busy machine)
+    assert d["speedup"] == pytest.approx(eager_s / d["compiled_step_s"], abs=5e-4)
     assert "train --compile (aot_eager, 1 graph(s) for 1 blocks)" in check.summary
 
 
