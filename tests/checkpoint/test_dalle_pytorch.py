@@ -19,12 +19,8 @@ import pytest
 import torch
 
 from dalle_dist.backends.optim_state import optimizer_state_by_index
-from dalle_dist.checkpoint.dalle_pytorch import (
-    export_dalle_pytorch,
-    import_file,
-    write_export,
-    write_import,
-)
+from dalle_dist.checkpoint.dalle_pytorch import import_file, write_import
+from dalle_dist.checkpoint.dalle_pytorch_export import export_dalle_pytorch, write_export
 from dalle_dist.checkpoint.format import write_checkpoint_file
 from dalle_dist.model.config import DALLEConfig, VAEConfig
 from dalle_dist.model.dalle import DALLE

@@ -119,7 +119,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def run_export(args: argparse.Namespace) -> int:
     if args.export_format == "dalle-pytorch":
-        from dalle_dist.checkpoint.dalle_pytorch import write_export
+        from dalle_dist.checkpoint.dalle_pytorch_export import write_export
 
         obj = write_export(args.path, args.out, force=args.force)
         kind = "vae.pt" if "vae_params" not in obj else "dalle.pt"
