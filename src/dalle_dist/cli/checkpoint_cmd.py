@@ -76,8 +76,10 @@ def add_checkpoint(p: argparse.ArgumentParser) -> None:
                                        "Read without running code (weights_only); an option "
                                        "dalle_dist cannot compute is refused by name, and "
                                        "nothing is written. DALLE-pytorch does not save its "
-                                       "tokenizer: name it with --bpe_path or --chinese "
-                                       "(docs/from-dalle-pytorch.md).")
+                                       "tokenizer: a 49408-token model takes its default "
+                                       "CLIP tokenizer from the installed DALLE-pytorch or "
+                                       "--bpe_path bpe_simple_vocab_16e6.txt; name any other "
+                                       "with --bpe_path (docs/from-dalle-pytorch.md).")
     q.add_argument("source", metavar="SRC", help="DALLE-pytorch's dalle.pt or vae.pt")
     q.add_argument("out", metavar="OUT", help="the dalle_dist .pt file to write")
     add_flags(q, TokenizerConfig)
