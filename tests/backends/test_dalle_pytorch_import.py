@@ -95,16 +95,26 @@ def test_imported_model_trains_on_every_launch_alike(imported: Path, tmp_path: P
 
 
 def test_imported_file_is_a_checkpoint_like_any(imported: Path, tmp_path: Path) -> None:
-    """generate, verify, inspect, export and plan take the imported file itself."""
+    """generate, verify, inspect, export and plan take the imported file itself, and read
+    what it holds: the images are drawn, verify counts its weights, inspect shows the
+    imported architecture, the export holds its very weights, plan sizes its model."""
+    from dalle_dist.checkpoint.export import load_exported
+
+    weights = _weights(imported)
+    counted = sum(t.numel() for t in weights.values())  # no shared modules
     result = run_cli("generate", "--dalle_path", str(imported), "--text", "a blue square",
                      "--num_images", "1", "--outputs_dir", str(tmp_path / "gen"))
     assert result.returncode == 0, result.stderr
-    assert run_cli("checkpoint", "verify", str(imported)).returncode == 0
+    assert list((tmp_path / "gen").rglob("*.png"))
+    result = run_cli("checkpoint", "verify", str(imported))
+    assert result.returncode == 0 and f"dalle {counted:,}" in result.stdout, result.stdout
     result = run_cli("checkpoint", "inspect", str(imported), "--json")
     assert result.returncode == 0 and '"layer_scale": true' in result.stdout, result.stdout
     result = run_cli("checkpoint", "export", str(imported), str(tmp_path / "exp"))
     assert result.returncode == 0, result.stderr
+    exported = load_exported(tmp_path / "exp")["weights"]
+    assert exported.keys() == weights.keys()
+    assert all(torch.equal(exported[k], v) for k, v in weights.items())
     result = run_cli("plan", "--dalle_path", str(imported), "--json")
     assert result.returncode == 0, result.stderr
-    counted = sum(t.numel() for t in _weights(imported).values())  # no shared modules
     assert json.loads(result.stdout)["parameters"]["dalle"] == counted

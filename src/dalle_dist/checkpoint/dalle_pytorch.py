@@ -31,7 +31,7 @@ The optimizer's state follows the same map, by position in DALLE-pytorch's param
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +40,16 @@ import torch
 from dalle_dist.checkpoint.dalle_pytorch_layout import (
     REFERENCE_VERSION,
     TOKENIZER_KEY,
+    rotary_table,
     their_vae_keys,
 )
 from dalle_dist.checkpoint.format import (
-    FORMAT_VERSION,
+    LoopState,
+    checkpoint_meta,
     load_weights_only,
     write_checkpoint_file,
 )
-from dalle_dist.errors import CheckpointError
+from dalle_dist.errors import CheckpointError, ConfigError
 from dalle_dist.model.config import DALLEConfig, VAEConfig
 
 #: DALLE(...)'s defaults in 1.6.6, for a key a file's hparams lack (its generate.py builds
@@ -74,7 +76,7 @@ PLAIN_NORMALIZATION = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
 @dataclass
 class Imported:
-    """What `read_dalle_pytorch` made of a file: our payload and what the user should know."""
+    """What `import_file` made of a file: our payload and what the user should know."""
 
     payload: dict[str, Any]
     notes: list[str]
@@ -167,9 +169,7 @@ def dalle_config(hparams: dict[str, Any], vae: Any, path: Path) -> DALLEConfig:
         layer_scale=True, rotate_values=bool(p["rotary_emb"]))
     try:
         config.validate()
-    except CheckpointError:
-        raise
-    except Exception as exc:  # a ConfigError: one line already
+    except ConfigError as exc:
         raise _refuse(path, f"its hparams describe no model dalle_dist can build ({exc})"
                       ) from None
     return config
@@ -178,7 +178,7 @@ def dalle_config(hparams: dict[str, Any], vae: Any, path: Path) -> DALLEConfig:
 # -- weights ----------------------------------------------------------------------------
 
 _LAYER = re.compile(r"^transformer\.layers\.layers\.(\d+)\.([01])\.(.*)$")
-#: a branch's module, by the end of its key: (our module, our parameter, row half or None)
+#: a branch's parameters, by the end of their key: (ours, which half of its rows or None)
 _ATTN_PARTS = {"to_qkv.weight": ("attn.to_qkv.weight", None),
                "to_out.0.weight": ("attn.to_out.weight", None),
                "to_out.0.bias": ("attn.to_out.bias", None)}
@@ -233,17 +233,20 @@ def _piece(tensor: torch.Tensor, half: int | None, target: torch.Size) -> torch.
     return tensor.reshape(target)
 
 
+def _shared_later(config: DALLEConfig, attention: bool, layer: int) -> bool:
+    """Whether `layer`'s attention (or feed-forward) module is an earlier layer's
+    (--shared_*_ids): a state dict names it again there, named_parameters (and so an
+    optimizer) does not."""
+    ids = config.shared_attn_ids if attention else config.shared_ff_ids
+    return ids is not None and ids[layer] in ids[:layer]
+
+
 def _shared_repeat(key: str, config: DALLEConfig) -> bool:
-    """Whether `key` is a later layer's path to an attention or feed-forward module an
-    earlier layer owns (--shared_*_ids): not a parameter of its own."""
+    """_shared_later for one of their keys (a layer's scale and norm are its own)."""
     match = _LAYER.match(key)
     if match is None or match[3] == "scale" or match[3].startswith("fn.norm."):
         return False
-    ids = config.shared_attn_ids if match[2] == "0" else config.shared_ff_ids
-    if ids is None:
-        return False
-    layer = int(match[1])
-    return ids[layer] in ids[:layer]
+    return _shared_later(config, match[2] == "0", int(match[1]))
 
 
 def their_parameter_order(weights: dict[str, torch.Tensor], config: DALLEConfig) -> list[str]:
@@ -268,8 +271,8 @@ def map_weights(weights: dict[str, torch.Tensor], model: torch.nn.Module, path: 
             raise _refuse(path, f"weight {key} belongs to no part of the model dalle_dist "
                           "builds from its hparams")
         for name, half in targets:
-            if name.endswith("_scale.scale") and name not in ours and _ones(tensor):
-                continue  # a LayerScale of ones: the model was built without them
+            if name.endswith("_scale.scale") and name not in ours:
+                continue  # scales all of one (scales_are_ones): the model has none
             if name not in ours:
                 raise _refuse(path, f"weight {key} has no counterpart ({name}) in the model "
                               "its hparams describe")
@@ -289,16 +292,12 @@ def map_weights(weights: dict[str, torch.Tensor], model: torch.nn.Module, path: 
     return out
 
 
-def _ones(tensor: torch.Tensor) -> bool:
-    return bool(torch.all(tensor == 1).item())
-
-
 def scales_are_ones(weights: dict[str, torch.Tensor]) -> bool:
     """Whether every LayerScale vector is exactly one, as in an export of a model of ours
     without them: x * 1 is x, so the import leaves them out and gives the same weights
     back (a DALLE-pytorch run starts them at 0.1 and trains them)."""
     scales = [t for k, t in weights.items() if _LAYER.match(k) and k.endswith(".scale")]
-    return bool(scales) and all(_ones(t) for t in scales)
+    return bool(scales) and all(bool(torch.all(t == 1)) for t in scales)
 
 
 def check_rotary(weights: dict[str, torch.Tensor], config: DALLEConfig, path: Path) -> None:
@@ -307,11 +306,7 @@ def check_rotary(weights: dict[str, torch.Tensor], config: DALLEConfig, path: Pa
     saved = weights.get("transformer.pos_emb")
     if saved is None or not config.rotary_emb:
         return
-    from dalle_dist.model.patterns import SequenceLayout
-    from dalle_dist.model.rotary import rotary_angles
-
-    layout = SequenceLayout(text_len=config.text_seq_len + 1, fmap_size=config.image_fmap_size)
-    ours = rotary_angles(layout, config.dim_head).to(torch.float64)
+    ours = rotary_table(config).to(torch.float64)
     saved = saved.detach().to(torch.float64).reshape(-1, saved.shape[-1])[: ours.shape[0]]
     if saved.shape != ours.shape:
         raise _refuse(path, f"its rotary table has shape {tuple(saved.shape)}, dalle_dist's "
@@ -327,7 +322,7 @@ def check_rotary(weights: dict[str, torch.Tensor], config: DALLEConfig, path: Pa
 
 
 def map_optimizer(opt_state: dict[str, Any] | None, weights: dict[str, torch.Tensor],
-                  config: DALLEConfig, ours: dict[str, torch.Tensor], path: Path
+                  config: DALLEConfig, ours: dict[str, torch.Tensor]
                   ) -> tuple[dict[str, Any] | None, str | None]:
     """Their Adam state_dict in our form (state by parameter name); or (None, why not)."""
     if not opt_state:
@@ -364,14 +359,9 @@ def map_optimizer(opt_state: dict[str, Any] | None, weights: dict[str, torch.Ten
 
 
 def _is_repeat_of_ours(name: str, config: DALLEConfig) -> bool:
-    """Our state dict names a shared module under every layer; named_parameters (and so
-    the optimizer) under its first layer only."""
+    """_shared_later for one of our parameter names."""
     match = re.match(r"^transformer\.blocks\.(\d+)\.(attn|ff)\.", name)
-    if match is None:
-        return False
-    ids = config.shared_attn_ids if match[2] == "attn" else config.shared_ff_ids
-    layer = int(match[1])
-    return ids is not None and ids[layer] in ids[:layer]
+    return match is not None and _shared_later(config, match[2] == "attn", int(match[1]))
 
 
 # -- reading ----------------------------------------------------------------------------
@@ -401,13 +391,12 @@ def read_file(path: Path) -> dict[str, Any]:
 
 def _payload(kind: str, configs: dict[str, Any], weights: dict[str, torch.Tensor],
              epoch: int, **rest: Any) -> dict[str, Any]:
-    from dalle_dist import __version__
-
-    return {"format_version": FORMAT_VERSION, "kind": kind, "package_version": __version__,
-            "configs": configs, "epoch": epoch, "step": 0, "batch": 0, "loss_sum": 0.0,
-            "samples": 0, "rng": [], "backend": "dalle-pytorch", "world_size": 1,
-            "precision": "fp32", "checkpoint_format": "full", "weights": weights,
-            "optimizer": None, "scheduler": None, "scaler": None, **rest}
+    """A single-file payload as `train` writes one, at the start of `epoch`, with no
+    random states (the run seeds from --seed)."""
+    meta = checkpoint_meta(kind, configs, asdict(LoopState(epoch=epoch)), [], "dalle-pytorch",
+                           1, precision="fp32", checkpoint_format="full")
+    return {**meta, "weights": weights, "optimizer": None, "scheduler": None,
+            "scaler": None, **rest}
 
 
 def _vae_weights(weights: dict[str, torch.Tensor], config: VAEConfig, path: Path,
@@ -514,7 +503,7 @@ def import_file(path: str | Path, tokenizer: Any = None, taming: Any = None) -> 
         model = DALLE(config)
     mapped = map_weights(weights, model, path)
     dalle_weights = {name: mapped[name] for name in model.state_dict()}  # our order
-    optimizer, why = map_optimizer(obj.get("opt_state"), weights, config, dalle_weights, path)
+    optimizer, why = map_optimizer(obj.get("opt_state"), weights, config, dalle_weights)
     if why:
         notes.append(f"no optimizer state carried over: {why}")
     scheduler = obj.get("scheduler_state")
@@ -539,7 +528,7 @@ def write_import(path: str | Path, out: str | Path, tokenizer: Any = None,
     return imported
 
 
-# -- the command ------------------------------------------------------------------------
+# -- the tokenizer ----------------------------------------------------------------------
 
 #: DALLE-pytorch's default tokenizer (no --bpe_path): its CLIP BPE, this many ids
 CLIP_VOCAB = 49408

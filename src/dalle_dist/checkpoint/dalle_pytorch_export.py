@@ -14,6 +14,7 @@ import torch
 from dalle_dist.checkpoint.dalle_pytorch_layout import (
     REFERENCE_VERSION,
     TOKENIZER_KEY,
+    rotary_table,
     their_vae_keys,
 )
 from dalle_dist.checkpoint.format import write_checkpoint_file
@@ -74,9 +75,6 @@ def their_weights(config: DALLEConfig, weights: dict[str, torch.Tensor]
     with every key their strict load_state_dict wants: a shared module under each layer,
     the tied embeddings' path to the projection, the rotary buffer, and LayerScale vectors
     of ones where our model has none (x * 1 is x, exactly)."""
-    from dalle_dist.model.patterns import SequenceLayout
-    from dalle_dist.model.rotary import rotary_angles
-
     def ours(name: str) -> torch.Tensor:
         return weights[name].detach().to(torch.float32).contiguous()
 
@@ -108,13 +106,10 @@ def their_weights(config: DALLEConfig, weights: dict[str, torch.Tensor]
                 for p in ("weight", "bias"):
                     out[f"{theirs_at}1.{ff_path}net.3.{p}"] = ours(f"{ours_at}ff.proj_out.{p}")
     if config.rotary_emb:
-        layout = SequenceLayout(text_len=config.text_seq_len + 1,
-                                fmap_size=config.image_fmap_size)
-        out["transformer.pos_emb"] = rotary_angles(layout, config.dim_head)[None]
-    for p in ("weight", "bias"):
-        out[f"to_logits.0.{p}"] = ours(f"transformer.norm.{p}")
-    for p in ("weight", "bias"):
-        out[f"to_logits.1.{p}"] = ours(f"to_logits.{p}")
+        out["transformer.pos_emb"] = rotary_table(config)[None]
+    for part, name in (("to_logits.0", "transformer.norm"), ("to_logits.1", "to_logits")):
+        for p in ("weight", "bias"):  # their order: the norm's weight and bias first
+            out[f"{part}.{p}"] = ours(f"{name}.{p}")
     if config.share_input_output_emb:
         for emb in ("text_emb", "image_emb"):
             for p in ("weight", "bias"):
@@ -125,7 +120,7 @@ def their_weights(config: DALLEConfig, weights: dict[str, torch.Tensor]
     return out
 
 
-def export_dalle_pytorch(payload: dict[str, Any], epoch: int | None = None) -> dict[str, Any]:
+def export_dalle_pytorch(payload: dict[str, Any]) -> dict[str, Any]:
     """The dict DALLE-pytorch's generate.py loads (train_dalle.py's save_model keys) for a
     DALL-E payload of ours; the weights only (no optimizer: its Adam numbers parameters in
     its own order, and a run goes on here)."""
@@ -146,7 +141,7 @@ def export_dalle_pytorch(payload: dict[str, Any], epoch: int | None = None) -> d
     for theirs, ours_key in their_vae_keys(vae_config):
         weights["vae." + theirs] = vae[ours_key].detach().to(torch.float32).contiguous()
     return {"hparams": hparams, "vae_params": vae_params,
-            "epoch": int(payload.get("epoch") or 0) if epoch is None else epoch,
+            "epoch": int(payload.get("epoch") or 0),
             "version": REFERENCE_VERSION, "vae_class_name": "DiscreteVAE",
             "weights": weights, "opt_state": None, "scheduler_state": None}
 

@@ -1,5 +1,6 @@
 """The layout of DALLE-pytorch 1.x's files that both directions share: the release they
-are tested against, and where each DiscreteVAE weight sits in its state dict.
+are tested against, where each DiscreteVAE weight sits in its state dict, and the rotary
+angles table its DALLE keeps as a buffer.
 
 (checkpoint/dalle_pytorch.py imports its files, checkpoint/dalle_pytorch_export.py writes
 them; docs/from-dalle-pytorch.md.)
@@ -7,7 +8,9 @@ them; docs/from-dalle-pytorch.md.)
 
 from __future__ import annotations
 
-from dalle_dist.model.config import VAEConfig
+import torch
+
+from dalle_dist.model.config import DALLEConfig, VAEConfig
 
 #: the DALLE-pytorch release whose files and code the import and export are tested against
 REFERENCE_VERSION = "1.6.6"
@@ -41,3 +44,13 @@ def their_vae_keys(config: VAEConfig) -> list[tuple[str, str]]:
         conv(f"decoder.{stem + blocks + i}.0", f"decoder.{stem + blocks + 2 * i}")
     conv(f"decoder.{stem + blocks + layers}", f"decoder.{stem + blocks + 2 * layers}")
     return pairs
+
+
+def rotary_table(config: DALLEConfig) -> torch.Tensor:
+    """Our rotary angles for `config`'s layout, [text_len + image_len, rotated features]
+    fp32: what 1.6.6's `transformer.pos_emb` buffer holds (less its leading 1)."""
+    from dalle_dist.model.patterns import SequenceLayout
+    from dalle_dist.model.rotary import rotary_angles
+
+    layout = SequenceLayout(text_len=config.text_seq_len + 1, fmap_size=config.image_fmap_size)
+    return rotary_angles(layout, config.dim_head)

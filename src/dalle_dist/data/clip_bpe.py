@@ -67,7 +67,7 @@ class CLIPTokenizer:
         merges = [tuple(line.split()) for line in text.split("\n")[1:_MERGES + 1]]
         alphabet = _byte_alphabet()
         # the order the ids follow: bytes in CLIP's order (printable ones first)
-        ordered = [c for c in sorted(alphabet, key=ord)]
+        ordered = sorted(alphabet, key=ord)
         vocab = [*ordered, *(c + "</w>" for c in ordered), *("".join(m) for m in merges),
                  "<|startoftext|>", "<|endoftext|>"]
         self._ids = {token: i for i, token in enumerate(vocab)}
