@@ -75,9 +75,9 @@ bench: $(BASE)
 
 # The acceptance run for a GPU machine: `dalle-dist selftest`, the installed command a
 # pip-installed user runs too (src/dalle_dist/selftest). One PASS / FAIL / "not run" line per
-# check, the report in $(GPU_CHECK_OUT), exit status 1 when a check fails; at most 8 minutes
-# on one GPU, start-up included (gpu-check-quick: every backend and precision once, at most
-# 4 minutes; run it first when GPU time is short). With 2 or more GPUs it also checks N
+# check, the report in $(GPU_CHECK_OUT), exit status 1 when a check fails; at most 10.5
+# minutes on one GPU, start-up included (gpu-check-quick: every backend and precision once,
+# at most 5.5 minutes; run it first when GPU time is short). With 2 or more GPUs it also checks N
 # ranks of each backend against one process, and a hung rank. Without a GPU it runs the
 # CPU checks (its --device cpu --quick form is part of `make test`: tests/test_selftest.py).
 # PyPI's torch for Linux is the CUDA build: nothing else to install (docs/gpu.md).

@@ -237,3 +237,11 @@ def test_more_graphs_than_dynamos_default_limit_still_compile(
         paths.flex(q, q, q, layout, 0.0, pattern)
     stats = eager_kernel.stats()
     assert stats["compiles"] == stats["signatures"] == len(layouts) > 8, stats
+    # A compiled shape again, under autocast: dynamo's global-state guard misses, so this
+    # is one more graph, and it too must compile past the default limit. Bug caught (the
+    # GPU acceptance run's flex check): a signature blind to autocast, taken for a graph
+    # already built, called without the lifted limit and run unfused.
+    q = torch.randn(1, 1, layouts[0].seq_len, DIM_HEAD)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        paths.flex(q, q, q, layouts[0], 0.0, pattern)
+    assert eager_kernel.stats()["compiles"] == len(layouts) + 1, eager_kernel.stats()

@@ -30,6 +30,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -260,6 +261,37 @@ def block_index(pattern: SparsePattern, layout: SequenceLayout,
     return BlockIndex(ids.to(device), mask[:, None].to(device))
 
 
+class GatherRows(torch.autograd.Function):
+    """`t.index_select(0, ids)` whose backward sums the repeated rows' gradients in fp32.
+
+    Every query block gathers the first (text) block and padding repeats of block 0, so a
+    block's key/value gradient is the sum of up to one gradient per query block. Autograd's
+    own backward adds them with index_add_ in t's dtype: on CUDA one atomic add after
+    another, each rounded to bf16, which put the sparse gather path's bf16 gradients 3.5x
+    further from the fp32 reference than the dense path's (the GPU acceptance run,
+    docs/gpu.md). Here they are added in fp32 and rounded once; fp32 inputs take the plain
+    path."""
+
+    @staticmethod
+    def forward(ctx: Any, t: Tensor, ids: Tensor) -> Tensor:
+        ctx.save_for_backward(ids)
+        ctx.rows = t.shape[0]
+        return t.index_select(0, ids)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        (ids,) = ctx.saved_tensors
+        total = grad.new_zeros((ctx.rows, *grad.shape[1:]), dtype=torch.float32)
+        return total.index_add_(0, ids, grad.float()).to(grad.dtype), None
+
+
+def gather_rows(t: Tensor, ids: Tensor) -> Tensor:
+    """Rows `ids` of t; a half-precision t's gradient summed in fp32 (GatherRows)."""
+    if t.dtype in (torch.float16, torch.bfloat16) and t.requires_grad:
+        return GatherRows.apply(t, ids)
+    return t.index_select(0, ids)
+
+
 def block_gather(q: Tensor, k: Tensor, v: Tensor, dropout: float, pattern: SparsePattern,
                  index: BlockIndex) -> Tensor:
     """sparse: each query block attends only its allowed key blocks, gathered. Query
@@ -281,7 +313,7 @@ def block_gather(q: Tensor, k: Tensor, v: Tensor, dropout: float, pattern: Spars
     qb, kb, vb = blocks(q), blocks(k), blocks(v)
 
     def gathered(t: Tensor) -> Tensor:  # [nb, b * h, width * bs, d]
-        picked = t.index_select(0, ids.flatten()).view(nb, width, b, h, bs, dh)
+        picked = gather_rows(t, ids.flatten()).view(nb, width, b, h, bs, dh)
         return picked.permute(0, 2, 3, 1, 4, 5).reshape(nb, b * h, width * bs, dh)
 
     out = F.scaled_dot_product_attention(qb.view(nb, b * h, bs, dh), gathered(kb),
@@ -303,6 +335,23 @@ FLEX_BACKEND = "inductor"
 #: is shared by every code object and is reached by 4 patterns x train/eval x 2 dtypes).
 #: Past it dynamo runs flex unfused: correct, slow, and visible in flex_compile_stats.
 FLEX_RECOMPILE_LIMIT = 64
+
+
+def guarded_global_state(device_type: str) -> tuple[object, ...]:
+    """The process-wide settings dynamo's global-state guard compares before reusing a
+    graph (grad mode, autocast, determinism, matmul precision, default dtype, threads):
+    a graph compiled outside autocast misses inside it, so a signature without them would
+    recompile past the lifted limit (the GPU acceptance run's flex check, whose model runs
+    under autocast after the attention check compiled the same shapes without it)."""
+    matmul = torch.backends.cuda.matmul
+    return (torch.is_grad_enabled(), torch.is_autocast_enabled(device_type),
+            torch.get_autocast_dtype(device_type), torch.is_autocast_enabled("cpu"),
+            torch.get_autocast_dtype("cpu"), torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+            torch.get_float32_matmul_precision(),
+            matmul.allow_bf16_reduced_precision_reduction,
+            matmul.allow_fp16_reduced_precision_reduction, torch.get_default_dtype(),
+            torch.get_num_threads())
 
 
 class FlexKernel:
@@ -399,7 +448,8 @@ class FlexKernel:
             return flex_attention(q, k, v, block_mask=block_mask)
         kernel = self.compiled()
         signature = (pattern.key, layout, tuple(q.shape), str(q.device), q.dtype,
-                     torch.is_grad_enabled() and q.requires_grad, copied)
+                     torch.is_grad_enabled() and q.requires_grad, copied,
+                     guarded_global_state(q.device.type))
         if signature in self._signatures:  # compiled already: no limit to lift (the
             return kernel(q, k, v, block_mask=block_mask)  # patch costs time every call)
         self._signatures.add(signature)

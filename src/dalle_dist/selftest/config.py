@@ -18,7 +18,7 @@ class SelftestConfig(DictConfig):
         choices=("auto", "cpu", "cuda"))
     quick: bool = option(
         False, "a shorter run: train every backend once and every precision at least once, "
-        "resume in one precision, time each sampling check once; on cuda about 4 minutes "
+        "resume in one precision, time each sampling check once; on cuda about 5 minutes "
         "(attention in bf16 only), on the cpu without compiling FlexAttention")
     ranks: int | None = option(
         None, "ranks of the multi-rank checks (one process each, under each backend's "

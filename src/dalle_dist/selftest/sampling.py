@@ -208,9 +208,13 @@ def sampling_model(device: torch.device) -> tuple[Any, Any, torch.Tensor]:
 
 
 def _seconds_per_image(sample: Callable[[torch.Generator], Any], device: torch.device,
-                       repeats: int) -> float:
+                       repeats: int, warmup: bool = True) -> float:
+    """The median of `repeats` timed samples, after one untimed one when `warmup` (masks,
+    allocator, kernels; a compiled sampler's compile). An eager path whose agreement run
+    has just warmed the same model may skip it: one image is seconds on a GPU."""
     generator = torch.Generator(device)
-    sample(generator.manual_seed(0))  # warm-up: masks, allocator, kernels
+    if warmup:
+        sample(generator.manual_seed(0))
     times = []
     for i in range(repeats):
         sync(device)
@@ -231,7 +235,7 @@ def sampling_static_cache_check(device: torch.device, repeats: int,
         agreement = fast_path_agreement(RecordingDecoder(model, text.shape[0]), text)
     seconds = _seconds_per_image(
         lambda g: model.generate_images(text[:1], vae, FILTER_THRES, TEMPERATURE, g), device,
-        repeats)
+        repeats, warmup=repeats > 1)
     details = {"image_tokens": model.layout.image_len, "seconds_per_image_batch_1":
                round(seconds, 4), **agreement.details()}
     summary = f"{seconds:.3f} s/image at batch 1 ({model.layout.image_len} tokens)"
@@ -242,18 +246,19 @@ def sampling_static_cache_check(device: torch.device, repeats: int,
 
 
 def sampling_half_precision_check(device: torch.device, repeats: int,
-                                  models: tuple[Any, Any, torch.Tensor] | None = None
-                                  ) -> Outcome:
+                                  models: tuple[Any, Any, torch.Tensor] | None = None,
+                                  fp32_seconds: float | None = None) -> Outcome:
     """`generate --precision`: the DALL-E cast to bf16 / fp16 (bf16 only on a GPU that has
     it; fp16 alone on the CPU, where bf16 is emulated) decodes through its cache (that
     dtype on CUDA, fp32 on the CPU: decoding.cache_dtype) with logits equal to the
     uncached forward of the cast model within logits_tolerance; and its batch-1 s/image
-    against the fp32 model's. `models`: as sampling_static_cache_check's."""
+    against the fp32 model's. `models`: as sampling_static_cache_check's;
+    `fp32_seconds`: the fp32 model's s/image as that check measured it (else timed here)."""
     model, vae, text = models or sampling_model(device)
     dtypes = [torch.float16]
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         dtypes.insert(0, torch.bfloat16)
-    s_fp32 = _seconds_per_image(
+    s_fp32 = fp32_seconds or _seconds_per_image(
         lambda g: model.generate_images(text[:1], vae, FILTER_THRES, TEMPERATURE, g), device,
         repeats)
     details: dict[str, Any] = {"seconds_per_image_fp32": round(s_fp32, 4)}
@@ -265,7 +270,7 @@ def sampling_half_precision_check(device: torch.device, repeats: int,
         agreement = fast_path_agreement(decoder, text)
         seconds = _seconds_per_image(
             lambda g, cast=cast: cast.generate_images(text[:1], vae, FILTER_THRES, TEMPERATURE,
-                                                      g), device, repeats)
+                                                      g), device, repeats, warmup=repeats > 1)
         details[name] = {"seconds_per_image": round(seconds, 4),
                          "speedup_vs_fp32": round(s_fp32 / seconds, 2),
                          "cache_dtype": str(decoder.caches[0].k.dtype).removeprefix("torch."),
@@ -293,7 +298,7 @@ def sampling_cuda_graphs_check(device: torch.device, repeats: int) -> Outcome:
             RecordingDecoder(model, text.shape[0], compiled=True), text)
     s_eager = _seconds_per_image(
         lambda g: model.sample_image_tokens(text[:1], FILTER_THRES, TEMPERATURE, g), device,
-        repeats)
+        repeats, warmup=repeats > 1)
     s_graphs = _seconds_per_image(lambda g: sampler(text[:1], FILTER_THRES, TEMPERATURE, g),
                                   device, repeats)
     details = {"seconds_per_image_eager": round(s_eager, 4),

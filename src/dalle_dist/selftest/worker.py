@@ -218,6 +218,9 @@ def train_run(spec: dict[str, Any]) -> dict[str, Any]:
     device = backend.device
     cuda = device.type == "cuda"
     if cuda:
+        # A plain `single` process has not touched CUDA yet: its caching allocator exists
+        # only after the lazy init, and resetting its stats before that is an error
+        torch.cuda.init()
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
