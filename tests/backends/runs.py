@@ -24,8 +24,18 @@ from tests.conftest import TINY_DALLE_FLAGS
 
 STEPS = 5
 BATCH = 16  # global; 8 per rank
+#: AdamW with a warmup and a cosine decay on every backend: a decay each backend applied
+#: to other parameters (DeepSpeed or FSDP losing the no-decay group), or a rate its
+#: optimizer never saw, moves its weights off the single process's. Weight decay 0.5 at
+#: these rates moves a weight by up to 7.5e-4 a step, well past the weights' tolerance.
+OPTIMIZER = ("--optimizer", "adamw", "--weight_decay", "0.5", "--lr_schedule", "cosine",
+             "--warmup_steps", "2", "--min_lr", "1e-3")
+#: the rate each of the STEPS steps takes under OPTIMIZER at --learning_rate 3e-3 (the
+#: warmup's 1/2 and 2/2, the peak, cosine's midpoint, the floor)
+STEP_RATES = [1.5e-3, 3e-3, 3e-3, 2e-3, 1e-3]
 COMMON = [*TINY_DALLE_FLAGS, "--epochs", "1", "--shapes_count", str(STEPS * BATCH),
-          "--fidelity_images", "0", "--learning_rate", "3e-3", "--log_every_n_steps", "1"]
+          "--fidelity_images", "0", "--learning_rate", "3e-3", "--log_every_n_steps", "1",
+          *OPTIMIZER]
 #: fp32 on 2 ranks against one process (observed: weights < 1e-6, grad norms < 1e-6 rel).
 RTOL, ATOL = 1e-4, 1e-5
 

@@ -26,6 +26,7 @@ import torch
 from tests import launch
 from tests.backends.runs import (
     RUNS,
+    STEP_RATES,
     STEPS,
     Run,
     assert_ranks_consistent,
@@ -47,6 +48,11 @@ def test_two_ranks_equal_one_process(name: str, trained: Callable[[str, str], Ru
     assert run.payload["backend"] == name.split("-")[0]
     assert_same_norms(run.grad_norms, single.grad_norms)
     assert_weights_close(run.payload["weights"], single.payload["weights"])
+    # the schedule's rate reached the optimizer each backend steps (DeepSpeed's own wrapper
+    # included): fails if a backend's scheduler steps another optimizer, or at epoch ends
+    for logged in (single, run):
+        assert [r["lr"] for r in logged.metrics] == pytest.approx(STEP_RATES, rel=1e-9)
+    assert run.payload["configs"]["optimizer"]["optimizer"] == "adamw"
     assert len(list((run.folder / "dalle-samples").glob("step-*.png"))) == 2
     # The same initial weights, however placed: step 1's loss is computed before any update,
     # so it differs only by the order of the batch mean's sums. Other weights (FSDP shards
@@ -105,3 +111,8 @@ def test_model_options_on_two_fsdp_ranks_equal_one_process(trained: Callable[...
     assert_ranks_consistent("fsdp", run.text)
     assert_same_norms(run.grad_norms, single.grad_norms)
     assert_weights_close(run.payload["weights"], single.payload["weights"])
+    # the schedule's rate reached the optimizer each backend steps (DeepSpeed's own wrapper
+    # included): fails if a backend's scheduler steps another optimizer, or at epoch ends
+    for logged in (single, run):
+        assert [r["lr"] for r in logged.metrics] == pytest.approx(STEP_RATES, rel=1e-9)
+    assert run.payload["configs"]["optimizer"]["optimizer"] == "adamw"

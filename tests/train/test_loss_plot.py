@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from dalle_dist.train.loss_plot import CURVES
+from dalle_dist.train.loss_plot import CURVES, LR_CURVE
 from dalle_dist.train.run_log import RunLog
 
-COLOURS = {key: colour for key, _, colour in CURVES}
+COLOURS = {key: colour for key, _, colour in (*CURVES, LR_CURVE)}
 
 
 def pixels_of(path: Path, colour: tuple[int, int, int]) -> int:
@@ -62,3 +62,24 @@ def test_silent_ranks_draw_nothing(tmp_path: Path) -> None:
     log.metrics({"step": 1, "loss": 1.0})
     log.saved(1)
     assert not plot.exists()
+
+
+def test_a_changing_learning_rate_draws_its_own_curve(tmp_path: Path) -> None:
+    """--warmup_steps / --lr_schedule: the logged rate is drawn on its own scale; a
+    constant one is not drawn. Bugs caught: the rate left off the plot, or drawn on the
+    loss scale (1e-3 against losses of 1-5: a flat line on the bottom edge)."""
+    plot = tmp_path / "dalle-loss.png"
+    log = RunLog(tmp_path / "dalle.metrics.jsonl", loss_plot=plot)
+    for step in range(1, 21):
+        log.metrics({"step": step, "loss": 5.0 / step, "lr": 1e-3})
+    log.saved(20)
+    assert pixels_of(plot, COLOURS["lr"]) == 0, "a constant rate: no curve"
+    for step in range(21, 41):
+        log.metrics({"step": step, "loss": 5.0 / step, "lr": 1e-3 * (41 - step) / 20})
+    log.saved(40)
+    image = np.asarray(Image.open(plot).convert("RGB"))
+    rows = np.nonzero((image == np.array(COLOURS["lr"])).all(axis=-1))[0]
+    rows = rows[rows > 24]  # not the legend's swatch
+    assert len(rows) > 100
+    # from the top of the chart (the largest rate) down to its bottom (the smallest)
+    assert rows.max() - rows.min() > 0.8 * (image.shape[0] - 28 - 36 - 20), rows

@@ -7,6 +7,8 @@ was never interrupted: bit for bit on one process and on torch DDP over gloo (CP
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import random
 import signal
@@ -130,7 +132,38 @@ def test_sigterm_saves_exits_0_and_resumes_exactly(tiny_vae: Path, tmp_path: Pat
     assert_same_training_state(tmp_path / "dalle.pt", uninterrupted)
 
 
-GA_FLAGS = [*FLAGS, "--ga_steps", "2"]
+#: A warmup, then a cosine decay, under AdamW: the schedule a resume must continue, not
+#: restart (--warmup_steps counted in optimizer steps, whatever --ga_steps is).
+SCHEDULE = ["--optimizer", "adamw", "--weight_decay", "0.1", "--lr_schedule", "cosine",
+            "--warmup_steps", "6", "--min_lr", "1e-4"]
+GA_FLAGS = [*FLAGS, "--ga_steps", "2", *SCHEDULE]
+
+
+def rates(metrics: Path) -> dict[int, float]:
+    """The rate logged at each step; a step logged twice (the steps a resumed run
+    repeats after its checkpoint) keeps its newest value."""
+    return {r["step"]: r["lr"] for r in map(json.loads, metrics.read_text().splitlines())
+            if "lr" in r}
+
+
+def expected_rates(total: int) -> dict[int, float]:
+    """SCHEDULE at --learning_rate 1e-3 over `total` optimizer steps: 1e-3 x k / 6 for
+    k <= 6, then cosine from 1e-3 at step 7 to 1e-4 at the last step."""
+    def rate(k: int) -> float:
+        if k <= 6:
+            return 1e-3 * k / 6
+        return 1e-4 + 9e-4 * (1 + math.cos(math.pi * (k - 7) / (total - 7))) / 2
+    return {k: rate(k) for k in range(1, total + 1)}
+
+
+def assert_same_rates(resumed: Path, uninterrupted: Path, total: int = TOTAL) -> None:
+    """Every step's rate, resumed against uninterrupted (equal, not close) and against
+    the documented schedule. Fails if a resume restarts the warmup or the decay, or
+    counts micro-batches instead of optimizer steps."""
+    got, reference = rates(resumed.with_suffix(".metrics.jsonl")), rates(
+        uninterrupted.with_suffix(".metrics.jsonl"))
+    assert got == reference
+    assert reference == pytest.approx(expected_rates(total), rel=1e-9)
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +192,7 @@ def test_sigterm_with_ga_steps_resumes_exactly(tiny_vae: Path, tmp_path: Path,
     status, out = finish(spawn(cmd, tmp_path))
     assert status == 0, out
     assert_same_training_state(tmp_path / "dalle.pt", uninterrupted_ga)
+    assert_same_rates(tmp_path / "dalle.pt", uninterrupted_ga)
 
 
 def test_sigint_is_a_polite_stop_too(tiny_vae: Path, tmp_path: Path) -> None:
@@ -229,6 +263,20 @@ def test_flags_that_contradict_the_checkpoint_are_named(tiny_dalle: Path) -> Non
     assert "depth" not in result.stderr  # agrees with the checkpoint
 
 
+def test_another_optimizer_or_schedule_is_refused_on_resume(tiny_dalle: Path) -> None:
+    """The optimizer state is per parameter group and the rate per step: a resumed run
+    that changed either would not continue the one it resumes. Named flag by flag, the
+    unchanged ones (--betas) not at all; before any step."""
+    result = run_cli("train", "--dalle_path", str(tiny_dalle), *TINY_DALLE_FLAGS, "--epochs",
+                     "2", "--fidelity_images", "0", "--optimizer", "adamw", "--lr_schedule",
+                     "cosine")
+    assert_user_error(result, "--optimizer adamw (checkpoint: adam)",
+                      "--weight_decay 0.01 (checkpoint: 0.0)",
+                      "--lr_schedule cosine (checkpoint: constant)",
+                      "keeps " + str(tiny_dalle) + "'s optimizer")
+    assert "--betas" not in result.stderr
+
+
 def test_resume_auto_without_a_checkpoint_starts_fresh(tiny_vae: Path, tmp_path: Path) -> None:
     result = run_cli("train", "--vae_path", str(tiny_vae), *TINY_DALLE_FLAGS, "--epochs", "1",
                      "--batch_size", "16", "--shapes_count", "32", "--fidelity_images", "0",
@@ -246,17 +294,18 @@ def worker_pids(launcher: subprocess.Popen[str]) -> list[int]:
             and c.pid != launcher.pid and "torchrun" not in " ".join(c.cmdline()[:2])]
 
 
+#: global batch 16: 10 optimizer steps an epoch
+DDP_FLAGS = [*FLAGS, "--distributed_backend", "torch", "--batch_size", str(2 * BATCH),
+             *SCHEDULE]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted_ddp(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("ddp")
-    result = launch.torchrun("train", "--vae_path", str(tiny_vae), *FLAGS,
-                             "--distributed_backend", "torch", "--batch_size", str(2 * BATCH),
+    result = launch.torchrun("train", "--vae_path", str(tiny_vae), *DDP_FLAGS,
                              "--dalle_output_file_name", "dalle", cwd=folder)
     assert result.returncode == 0, launch.output(result)[-3000:]
     return folder / "dalle.pt"
-
-
-DDP_FLAGS = [*FLAGS, "--distributed_backend", "torch", "--batch_size", str(2 * BATCH)]
 
 
 def test_sigterm_under_torchrun_saves_and_resumes_exactly(tiny_vae: Path, tmp_path: Path,
@@ -274,6 +323,7 @@ def test_sigterm_under_torchrun_saves_and_resumes_exactly(tiny_vae: Path, tmp_pa
     status, out = finish(spawn(torchrun_cmd(*args), tmp_path))
     assert status == 0, out[-3000:]
     assert_same_training_state(tmp_path / "dalle.pt", uninterrupted_ddp)
+    assert_same_rates(tmp_path / "dalle.pt", uninterrupted_ddp, total=TOTAL // 2)
 
 
 def test_sigterm_to_the_workers_ends_torchrun_with_status_0(tiny_vae: Path,

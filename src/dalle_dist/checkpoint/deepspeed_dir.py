@@ -267,12 +267,27 @@ def universal_tag(directory: Path, tag: str, flag: str) -> str:
     return name
 
 
-def universal_optimizer(universal: Path, shapes: dict[str, torch.Size], flag: str
-                        ) -> dict[str, Any]:
+def group_parameter_names(tag_dir: Path) -> list[list[str]]:
+    """The parameter names of each of the optimizer's param groups, in order, as DeepSpeed
+    recorded them in the tag's model states (`param_shapes`: one name -> shape map per
+    group; every rank's file holds them all). A universal checkpoint's param groups keep
+    only their hyperparameters: AdamW's decayed and not-decayed groups come from here."""
+    with quiet_output():
+        allowed = _deepspeed_classes()
+    file = min(tag_dir.glob("*model_states.pt"))
+    with torch.serialization.safe_globals(allowed), mapped_privately():
+        states = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    return [list(group) for group in states["param_shapes"]]
+
+
+def universal_optimizer(universal: Path, shapes: dict[str, torch.Size], flag: str,
+                        groups: list[list[str]] | None = None) -> dict[str, Any]:
     """Adam's state in a universal checkpoint, keyed by parameter name as a single file
     keeps it (torch.distributed.checkpoint's form): step, exp_avg and exp_avg_sq of every
-    parameter in `shapes` (name -> shape: ZeRO-3 stores each flat), and the param group.
-    Every file is read with weights_only (DeepSpeed's own classes allowed)."""
+    parameter in `shapes` (name -> shape: ZeRO-3 stores each flat), and the param groups,
+    each with its parameters' names from `groups` (group_parameter_names; None: one group
+    of every parameter). Every file is read with weights_only (DeepSpeed's own classes
+    allowed)."""
     with quiet_output():
         allowed = _deepspeed_classes()
 
@@ -297,9 +312,34 @@ def universal_optimizer(universal: Path, shapes: dict[str, torch.Size], flag: st
         raise CheckpointError(f"{flag} {universal} is not a complete universal checkpoint "
                               f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})",
                               "remove that folder: it is made again") from None
-    groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": list(shapes)}
-              for group in shared["param_groups"]]
-    return {"state": state, "param_groups": groups}
+    members = groups if groups is not None else [list(shapes)]
+    if len(members) != len(shared["param_groups"]):
+        raise CheckpointError(f"{flag} {universal} has {len(shared['param_groups'])} param "
+                              f"groups, its model states name {len(members)}",
+                              "convert a complete DeepSpeed directory")
+    param_groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": names}
+                    for group, names in zip(shared["param_groups"], members, strict=True)]
+    return {"state": state, "param_groups": param_groups}
+
+
+def restore_group_settings(optimizer: Any, universal: Path) -> None:
+    """Each param group's own hyperparameters from a universal checkpoint, after DeepSpeed
+    loaded it. DeepSpeed 0.19's ZeRO-3 loader gives every group the first one's ("the
+    hyperparameters of each parameter should be the same"): with AdamW's two groups, the
+    norms, biases and embeddings would be decayed from the resume on."""
+    with quiet_output():
+        allowed = _deepspeed_classes()
+    with torch.serialization.safe_globals(allowed):
+        shared = torch.load(universal / "zero" / "optimizer_state.pt", map_location="cpu",
+                            weights_only=True)
+    saved = shared["param_groups"]
+    if len(saved) != len(optimizer.param_groups):
+        raise CheckpointError(f"{universal} has {len(saved)} param groups, this run's "
+                              f"optimizer {len(optimizer.param_groups)}",
+                              "resume with the --optimizer and --weight_decay it was "
+                              "trained with")
+    for group, settings in zip(optimizer.param_groups, saved, strict=True):
+        group.update({k: v for k, v in settings.items() if k != "params"})
 
 
 def load_ds_checkpoint(engine: Engine, payload: dict[str, Any], backend: DistributedBackend,
@@ -327,3 +367,5 @@ def load_ds_checkpoint(engine: Engine, payload: dict[str, Any], backend: Distrib
     if not engine.load_native(directory, tag, universal=universal):
         raise CheckpointError(f"DeepSpeed could not load {directory}/{tag}",
                               "check the directory, or convert it to a single file")
+    if universal:
+        restore_group_settings(engine.optimizer, directory / tag)

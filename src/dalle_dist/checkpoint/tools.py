@@ -27,6 +27,7 @@ from dalle_dist.checkpoint.deepspeed_dir import (
     AUXILIARY_FILE,
     UNIVERSAL_SUFFIX,
     consolidated_weights,
+    group_parameter_names,
     is_ds_checkpoint_dir,
     latest_tag,
     make_universal,
@@ -344,15 +345,16 @@ def _from_ds_dir(ds_dir: Path) -> dict[str, Any]:
         names = [name for name, _ in meta_model("dalle", meta["configs"]["model"], "SOURCE",
                                                 ds_dir).named_parameters()]
         shapes = {name: weights[name].shape for name in names}
+        groups = group_parameter_names(ds_dir / tag)
         universal = ds_dir / f"{tag}{UNIVERSAL_SUFFIX}"
         if (universal / "zero" / "optimizer_state.pt").is_file():
-            optimizer = universal_optimizer(universal, shapes, "SOURCE")
+            optimizer = universal_optimizer(universal, shapes, "SOURCE", groups)
         else:
             with tempfile.TemporaryDirectory(dir=ds_dir.parent,
                                              prefix=f".{ds_dir.name}.") as scratch:
                 made = Path(scratch) / f"{tag}{UNIVERSAL_SUFFIX}"
                 make_universal(ds_dir / tag, made, "SOURCE")
-                optimizer = universal_optimizer(made, shapes, "SOURCE")
+                optimizer = universal_optimizer(made, shapes, "SOURCE", groups)
     return {**rest, "weights": weights, "optimizer": optimizer,
             "converted_from": {"ds_dir": str(ds_dir), "tag": tag,
                                "zero_stage": meta.get("zero_stage")}}

@@ -26,6 +26,7 @@ from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
 from dalle_dist.train.config import (
     VAE_TRAIN_DEFAULTS,
     DalleRun,
+    OptimizerConfig,
     ProfileConfig,
     ResumeConfig,
     TrackerConfig,
@@ -154,6 +155,7 @@ def add_train(p: argparse.ArgumentParser) -> None:
     add_flags(p, TrainConfig, only=["clip_grad_norm"])
     add_flags(p, ProfileConfig)
     add_flags(p, DalleRun, only=["lr_decay"])
+    add_flags(p, OptimizerConfig)
     add_flags(p, VAEConfig, only=["image_size"],
               help={"image_size": "built-in shapes size when a VAE is trained first"})
     add_flags(p, DalleRun, only=["builtin_vae_epochs"])
@@ -169,7 +171,8 @@ def train_job(args: argparse.Namespace) -> TrainJob:
         tokenizer=from_args(TokenizerConfig, args), compute=from_args(ComputeConfig, args),
         resume=_resume_config(args, model), trackers=from_args(TrackerConfig, args),
         validation=from_args(ValidationConfig, args), profile=from_args(ProfileConfig, args),
-        taming=from_args(TamingConfig, args), distributed=_distributed(args))
+        taming=from_args(TamingConfig, args), distributed=_distributed(args),
+        optim=from_args(OptimizerConfig, args))
 
 
 def run_train(args: argparse.Namespace) -> int:

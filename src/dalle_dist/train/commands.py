@@ -51,7 +51,13 @@ from dalle_dist.model.image_tokenizer import content_hash
 from dalle_dist.model.init import WeightStream, built_on_meta, checkpoint_weights
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
 from dalle_dist.train.compile import DEFAULT_BACKEND, check_compile
-from dalle_dist.train.config import ResumeConfig, RunPaths, TrackerConfig, TrainConfig
+from dalle_dist.train.config import (
+    OptimizerConfig,
+    ResumeConfig,
+    RunPaths,
+    TrackerConfig,
+    TrainConfig,
+)
 from dalle_dist.train.cuda_settings import TF32_ON, set_cudnn_benchmark, set_tf32
 from dalle_dist.train.dalle_task import DALLETask
 from dalle_dist.train.encode import EncodeJob, encode_images
@@ -160,6 +166,38 @@ def distribute(task: Task, backend: DistributedBackend, train_cfg: TrainConfig,
     # so dropout masks and crops differ between ranks as they would between samples.
     torch.manual_seed(train_cfg.seed + backend.rank)
     return engine
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "none"
+    return ",".join(map(str, value)) if isinstance(value, tuple | list) else str(value)
+
+
+def check_same_optimizer(optim: OptimizerConfig, saved: dict[str, Any] | None,
+                         source: Any, total_steps: int | None) -> str | None:
+    """A resumed run keeps the checkpoint's optimizer and schedule: the optimizer state
+    is per parameter group, and the learning rate at every step must be the uninterrupted
+    run's. Checkpoints from before these flags (and DALLE-pytorch imports) hold none:
+    Adam with a constant rate or plateau, whatever --lr_decay says now. Returns a note
+    when a cosine or linear schedule keeps the checkpoint's step count while this run
+    (another --epochs) has another."""
+    if saved is None:
+        return None
+    was, now = OptimizerConfig.from_dict(saved).to_dict(), optim.to_dict()
+    changed = [name for name in now if was[name] != now[name]]
+    if changed:
+        said = ", ".join(f"--{name} {_shown(now[name])} (checkpoint: {_shown(was[name])})"
+                         for name in changed)
+        raise ConfigError(f"{said}: a resumed run keeps {source}'s optimizer and "
+                          "learning-rate schedule", "resume with the flags it was trained "
+                          "with, or start a new run from its weights")
+    steps = saved.get("schedule_steps")
+    if optim.lr_schedule in ("cosine", "linear") and steps and steps != total_steps:
+        return (f"--lr_schedule {optim.lr_schedule}: the checkpoint's schedule over {steps} "
+                f"steps goes on (this run has {total_steps}); past step {steps} the rate "
+                "stays at --min_lr")
+    return None
 
 
 def check_attn_impl(attn_impl: str, device: torch.device, attn_dropout: float) -> None:
@@ -513,7 +551,13 @@ def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | No
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_record, job.run.lr_decay,
                      backend.device, attn_impl, precision=backend.precision(),
                      activation_checkpointing=activation_checkpointing,
-                     compile_backend=compile_backend)
+                     compile_backend=compile_backend, optim=job.optim)
+    task.total_steps = train_cfg.epochs * (len(loader) // backend.ga_steps)
+    if run.payload is not None:
+        note = check_same_optimizer(task.optim, run.payload["configs"].get("optimizer"),
+                                    run.payload["loaded_from"], task.total_steps)
+        if note:
+            log.info(note)
     n_params = sum(p.numel() for p in task.model.parameters())  # a shared one once
     if activation_checkpointing:
         log.info(f"activation checkpointing: every transformer block ({model_cfg.depth}) "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,8 @@ class TrainConfig(DictConfig):
     batch_size: int = option(
         32, "samples per optimizer step, over all ranks and micro-batches (horovod: per "
         "worker, DALLE-pytorch's meaning)")
-    learning_rate: float = option(1e-3, "Adam's learning rate")
+    learning_rate: float = option(
+        1e-3, "the optimizer's learning rate (with --lr_schedule: the peak, after any warmup)")
     clip_grad_norm: float | None = option(0.5, "max gradient norm; none to disable",
                                           parse=optional_float)
     save_every_n_steps: int = option(
@@ -72,6 +73,95 @@ class ValidationConfig(DictConfig):
         if self.val_every_n_steps and not self.val_fraction:
             raise ConfigError("--val_every_n_steps needs --val_fraction",
                               "hold some data out, e.g. --val_fraction 0.05")
+
+
+def betas(text: str) -> tuple[float, float]:
+    """`0.9,0.95` -> (0.9, 0.95): Adam's two moment decay rates."""
+    parts = [part.strip() for part in text.split(",")]
+    if len(parts) != 2:
+        raise ValueError(f"two comma-separated numbers, got {text!r}")
+    return float(parts[0]), float(parts[1])
+
+
+OPTIMIZERS = ("adam", "adamw")
+LR_SCHEDULES = ("constant", "cosine", "linear", "plateau")
+#: AdamW's weight decay when --weight_decay is not given (torch's default); Adam's is 0
+ADAMW_WEIGHT_DECAY = 0.01
+#: plateau's floor when --min_lr is not given (DALLE-pytorch's ReduceLROnPlateau); the
+#: decays' floor is 0
+PLATEAU_MIN_LR = 1e-6
+
+
+@dataclass(frozen=True)
+class OptimizerConfig(DictConfig):
+    """`train`'s optimizer and learning-rate schedule. Saved in the checkpoint (configs
+    "optimizer"); a resumed run must keep them, so that its learning rate at every step is
+    the uninterrupted run's. Apart from TrainConfig, whose dict is the built-in VAE's
+    cache key."""
+
+    optimizer: str = option(
+        "adam", "adam, or adamw: weight decay applied to the weights directly, not through "
+        "the gradient (decoupled); either one fused on CPU and CUDA", choices=OPTIMIZERS,
+        group="optimizer and learning-rate schedule")
+    weight_decay: float | None = option(
+        None, "weight decay of the Linear weights (norms, biases and embeddings are never "
+        "decayed)", metavar="W", parse=optional_float,
+        default_text=f"default: 0 for adam, {ADAMW_WEIGHT_DECAY} for adamw",
+        group="optimizer and learning-rate schedule")
+    betas: tuple[float, float] = option(
+        (0.9, 0.999), "Adam's moment decay rates beta1,beta2 (LlamaGen: 0.9,0.95)",
+        metavar="B1,B2", parse=betas, group="optimizer and learning-rate schedule")
+    lr_schedule: str | None = option(
+        None, "constant; cosine or linear: from --learning_rate down to --min_lr over the "
+        "run's optimizer steps after the warmup; plateau: halve the rate when the epoch "
+        "loss stops falling (DALLE-pytorch's --lr_decay)", choices=LR_SCHEDULES,
+        metavar="|".join(LR_SCHEDULES),
+        default_text="default: constant, plateau with --lr_decay",
+        group="optimizer and learning-rate schedule")
+    warmup_steps: int = option(
+        0, "raise the rate linearly from --learning_rate / N to --learning_rate over the "
+        "first N optimizer steps (counted in optimizer steps: --ga_steps does not change "
+        "it)", metavar="N", group="optimizer and learning-rate schedule")
+    min_lr: float | None = option(
+        None, "the rate cosine and linear end at, and plateau's floor", metavar="LR",
+        default_text=f"default: 0 for cosine and linear, {PLATEAU_MIN_LR} for plateau",
+        group="optimizer and learning-rate schedule")
+
+    def validate(self) -> None:
+        if self.weight_decay is not None and self.weight_decay < 0:
+            raise ConfigError(f"--weight_decay must not be negative, got {self.weight_decay}")
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"--betas must be two numbers in [0, 1), got "
+                              f"{','.join(map(str, self.betas))}", "e.g. --betas 0.9,0.95")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"--warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.min_lr is not None and self.min_lr < 0:
+            raise ConfigError(f"--min_lr must not be negative, got {self.min_lr}")
+        if self.warmup_steps and self.lr_schedule == "plateau":
+            raise ConfigError("--warmup_steps cannot be combined with --lr_schedule plateau: "
+                              "the plateau decay sets the rate itself at epoch ends",
+                              "use --lr_schedule cosine or linear with a warmup")
+        if self.min_lr is not None and self.lr_schedule in (None, "constant"):
+            raise ConfigError("--min_lr needs --lr_schedule cosine, linear or plateau",
+                              "a constant rate has no floor to reach")
+
+    def resolved(self, lr_decay: bool, learning_rate: float) -> OptimizerConfig:
+        """Every default filled in: the schedule (DALLE-pytorch's --lr_decay is plateau),
+        the weight decay and the floor. Refuses what contradicts --lr_decay or
+        --learning_rate."""
+        schedule = self.lr_schedule or ("plateau" if lr_decay else "constant")
+        if lr_decay and schedule != "plateau":
+            raise ConfigError(f"--lr_decay is --lr_schedule plateau, not {schedule}",
+                              "give one of them")
+        weight_decay = self.weight_decay if self.weight_decay is not None else (
+            ADAMW_WEIGHT_DECAY if self.optimizer == "adamw" else 0.0)
+        min_lr = self.min_lr if self.min_lr is not None else (
+            PLATEAU_MIN_LR if schedule == "plateau" else 0.0 if schedule != "constant"
+            else None)
+        if min_lr is not None and min_lr > learning_rate:
+            raise ConfigError(f"--min_lr {min_lr:g} is above --learning_rate {learning_rate:g}",
+                              "the schedule decays towards --min_lr")
+        return replace(self, lr_schedule=schedule, weight_decay=weight_decay, min_lr=min_lr)
 
 
 #: train-vae: DALLE-pytorch's train_vae.py clips nothing
@@ -195,7 +285,7 @@ class DalleRun(DictConfig):
         "whose shape, colour and position match their caption (0: skip)", metavar="N")
     lr_decay: bool = option(
         False, "halve the learning rate when the epoch loss plateaus (DALLE-pytorch's "
-        "ReduceLROnPlateau)")
+        "ReduceLROnPlateau; the same as --lr_schedule plateau)")
     builtin_vae_epochs: int = option(
         BUILTIN_VAE_EPOCHS, "epochs of the built-in shapes for the VAE trained first on "
         "built-in data without --vae_path; each value is cached on its own", metavar="N")

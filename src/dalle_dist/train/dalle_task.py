@@ -6,7 +6,7 @@ bf16/fp16 its convolutions would otherwise be the one fp32 part of a mixed-preci
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -20,7 +20,9 @@ from dalle_dist.data.tokenizer import Tokenizer
 from dalle_dist.model import DALLE, DALLEConfig, ImageTokenizer
 from dalle_dist.model.init import WeightStream, initial_weights, on_meta
 from dalle_dist.train.compile import compile_blocks
-from dalle_dist.train.config import TrainConfig
+from dalle_dist.train.config import OptimizerConfig, TrainConfig
+from dalle_dist.train.optim import embedding_weights, make_optimizer
+from dalle_dist.train.schedule import make_lr_scheduler, steps_each_epoch
 from dalle_dist.train.task import Batch, Task
 
 SAMPLE_IMAGES = 8
@@ -52,18 +54,24 @@ class DALLETask(Task):
                  device: torch.device, attn_impl: str = "auto",
                  precision: Precision | None = None,
                  activation_checkpointing: bool = False,
-                 compile_backend: str | None = None) -> None:
+                 compile_backend: str | None = None,
+                 optim: OptimizerConfig | None = None) -> None:
         """vae: the frozen image tokenizer (a DiscreteVAE or a taming VQGAN), saved
         whole in every checkpoint; precision: the run's (backend.precision()), whose
         autocast the frozen VAE encodes under; None: fp32. activation_checkpointing: the
         trained model's blocks recompute their activations in backward (inference copies
         need not). compile_backend: --compile's backend, the trained model's blocks
         compiled with it after checkpointing is set and before any backend wraps the
-        model (train/compile.py); None: eager."""
+        model (train/compile.py); None: eager. optim: --optimizer and the learning-rate
+        schedule (default: Adam, constant, or plateau with `lr_decay`); cosine and linear
+        also need `total_steps`, the run's optimizer steps, set before the backend builds
+        the scheduler."""
         self.config, self.train, self.data = config, train, data
         self.precision = precision or Precision("fp32", device)
         self.learning_rate = train.learning_rate
-        self.tokenizer, self.lr_decay, self.attn_impl = tokenizer, lr_decay, attn_impl
+        self.optim = (optim or OptimizerConfig()).resolved(lr_decay, train.learning_rate)
+        self.total_steps: int | None = None
+        self.tokenizer, self.attn_impl = tokenizer, attn_impl
         self.vae = vae.to(device).eval().requires_grad_(False)
         self.model = self.build_model()
         self.model.transformer.set_checkpointing(activation_checkpointing)
@@ -80,12 +88,22 @@ class DALLETask(Task):
         """Drawn from --seed's own generator: the same on every backend and world size."""
         return initial_weights(self.model, self.train.seed)
 
+    def make_optimizer(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        """--optimizer over `params` (the model's, as the backend holds them: its
+        parameter objects keep their names in self.model through wrapping and sharding)."""
+        optim = self.optim
+        return make_optimizer(params, optim.optimizer, self.learning_rate, optim.betas,
+                              float(optim.weight_decay or 0.0),
+                              {id(p): n for n, p in self.model.named_parameters()},
+                              embedding_weights(self.model))
+
     def make_scheduler(self, optimizer: torch.optim.Optimizer) -> Any | None:
-        # DALLE-pytorch's --lr_decay: halve the rate when the epoch loss stops falling.
-        if not self.lr_decay:
-            return None
-        return torch.optim.lr_scheduler.ReduceLROnPlateau(
-            optimizer, mode="min", factor=0.5, patience=10, cooldown=10, min_lr=1e-6)
+        """--lr_schedule (train/schedule.py); plateau is DALLE-pytorch's --lr_decay."""
+        return make_lr_scheduler(optimizer, self.optim, self.learning_rate, self.total_steps)
+
+    def after_step(self, step: int, engine: Engine) -> None:
+        if engine.scheduler is not None and steps_each_epoch(self.optim):
+            engine.scheduler.step()
 
     def shard_units(self, model: nn.Module) -> Sequence[nn.Module | list[nn.Module]]:
         """One unit per transformer block; blocks that share an attention or feed-forward
@@ -107,7 +125,7 @@ class DALLETask(Task):
         return text.to(device, non_blocking=True), image_tokens
 
     def after_epoch(self, epoch: int, mean_loss: float, engine: Engine) -> None:
-        if engine.scheduler is not None:
+        if engine.scheduler is not None and not steps_each_epoch(self.optim):
             engine.scheduler.step(mean_loss)
 
     @torch.no_grad()
@@ -123,7 +141,8 @@ class DALLETask(Task):
     def configs(self) -> dict[str, Any]:
         return {"model": self.config.to_dict(), "vae": self.vae.config.to_dict(),
                 "train": self.train.to_dict(), "data": self.data,
-                "tokenizer": self.tokenizer.to_dict()}
+                "tokenizer": self.tokenizer.to_dict(),
+                "optimizer": {**self.optim.to_dict(), "schedule_steps": self.total_steps}}
 
     def extra_state(self) -> dict[str, Any]:
         return {"vae_weights": self.vae.state_dict()}

@@ -20,6 +20,7 @@ from dalle_dist.model.patterns import PatternOptions, build_pattern
 from dalle_dist.train.config import (
     VAE_TRAIN_DEFAULTS,
     DalleRun,
+    OptimizerConfig,
     ProfileConfig,
     ResumeConfig,
     TrackerConfig,
@@ -55,6 +56,7 @@ class TrainJob:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     taming: TamingConfig = field(default_factory=TamingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
 
     @property
     def continues(self) -> ResumeConfig:
@@ -67,8 +69,9 @@ class TrainJob:
         """Every check that needs no device, no file and no other rank: one `error:` line
         before anything starts."""
         for section in (self.run, self.train, self.resume, self.trackers, self.validation,
-                        self.taming, self.compute):
+                        self.taming, self.compute, self.optim):
             section.validate()
+        self.optim.resolved(self.run.lr_decay, self.train.learning_rate)  # its refusals
         if self.compute.compile and self.profile.flops_profiler:
             raise ConfigError("--flops_profiler cannot count a compiled step: its FLOP "
                               "counter runs the ops one by one, and torch.compile's graphs do "

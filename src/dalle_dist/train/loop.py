@@ -262,6 +262,7 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
         while state.batch < epoch_end:
             window_batches = list(itertools.islice(micro_batches, ga))
             first = state.step == first_step
+            step_lr = engine.lr  # the rate this step takes (a host float: no sync)
             with (_watch_precision(engine, backend, log, first),
                   _watch_compile(task, state.step + 1, first, device, log)):
                 optimizer_step(task, engine, backend, window_batches, config, device_sums,
@@ -287,7 +288,7 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
             if log_due:
                 scale = engine.loss_scale
                 log.metrics({"step": state.step, "epoch": epoch, **window.means(),
-                             "lr": engine.lr, **task.step_metrics(state.step),
+                             "lr": step_lr, **task.step_metrics(state.step),
                              **({"loss_scale": scale} if scale is not None else {})})
                 window = MetricWindow()
             if held_out is not None and validation_due(val_every_n_steps, state.step,

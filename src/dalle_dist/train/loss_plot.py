@@ -1,4 +1,5 @@
-"""NAME-loss.png: the training loss and, when logged, the validation loss over steps.
+"""NAME-loss.png: the training loss and, when logged, the validation loss over steps, and
+the learning rate on a scale of its own (right) when it changes (warmup, decay).
 
 Drawn from NAME.metrics.jsonl with Pillow, which the package needs anyway: one chart does
 not justify matplotlib as a dependency (with its font, contour and layout packages), and
@@ -17,17 +18,19 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 WIDTH, HEIGHT = 640, 400
-MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 64, 16, 28, 36
+MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 64, 64, 28, 36
 BACKGROUND, AXES, GRID = (255, 255, 255), (0, 0, 0), (225, 225, 225)
 #: the curves: (metrics key, legend label, colour)
 CURVES = (("loss", "training loss", (31, 119, 180)),
           ("val_loss", "validation loss", (214, 39, 40)))
+#: the learning rate, from 0 (bottom) to its largest value (top), labelled on the right
+LR_CURVE = ("lr", "learning rate (right)", (44, 160, 44))
 
 
 def read_curves(metrics: Path) -> dict[str, list[tuple[int, float]]]:
     """(step, value) pairs of each curve's key, by step; unreadable lines are skipped (a
     crash can leave the last one cut)."""
-    by_key: dict[str, dict[int, float]] = {key: {} for key, _, _ in CURVES}
+    by_key: dict[str, dict[int, float]] = {key: {} for key, _, _ in (*CURVES, LR_CURVE)}
     if not metrics.exists():
         return {key: [] for key in by_key}
     for line in metrics.read_text(encoding="utf-8").splitlines():
@@ -53,6 +56,7 @@ def draw_loss_plot(metrics: Path, out: Path) -> bool:
     """Redraw `out` from `metrics`; False (nothing written) while no loss is logged yet.
     Written to a temporary file and renamed, so a viewer never sees half a PNG."""
     curves = read_curves(metrics)
+    rates = curves.pop(LR_CURVE[0])
     points = [p for values in curves.values() for p in values]
     if not curves["loss"]:
         return False
@@ -98,6 +102,17 @@ def draw_loss_plot(metrics: Path, out: Path) -> bool:
         draw.rectangle([legend_x, 8, legend_x + 14, 18], fill=colour)
         draw.text((legend_x + 20, 7), label, fill=AXES)
         legend_x += 40 + int(draw.textlength(label))
+    if len({v for _, v in rates}) > 1:  # a constant rate says nothing on a chart
+        top_rate = max(v for _, v in rates)
+        line = [(xy(step, y0)[0], bottom - v / top_rate * (bottom - top)) for step, v in rates
+                if x0 <= step <= x1]
+        colour = LR_CURVE[2]
+        draw.line(line, fill=colour, width=2)
+        for value in (0.0, top_rate):
+            y = bottom - value / top_rate * (bottom - top)
+            draw.text((right + 4, y - 6), _label(value), fill=colour)
+        draw.rectangle([legend_x, 8, legend_x + 14, 18], fill=colour)
+        draw.text((legend_x + 20, 7), LR_CURVE[1], fill=AXES)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     image.save(partial, format="PNG")
