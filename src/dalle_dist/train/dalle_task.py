@@ -22,7 +22,7 @@ from dalle_dist.model.init import WeightStream, initial_weights, on_meta
 from dalle_dist.train.compile import compile_blocks
 from dalle_dist.train.config import OptimizerConfig, TrainConfig
 from dalle_dist.train.optim import embedding_weights, make_optimizer
-from dalle_dist.train.schedule import make_lr_scheduler, steps_each_epoch
+from dalle_dist.train.schedule import make_lr_scheduler, scheduled_per_step
 from dalle_dist.train.task import Batch, Task
 
 SAMPLE_IMAGES = 8
@@ -102,7 +102,7 @@ class DALLETask(Task):
         return make_lr_scheduler(optimizer, self.optim, self.learning_rate, self.total_steps)
 
     def after_step(self, step: int, engine: Engine) -> None:
-        if engine.scheduler is not None and steps_each_epoch(self.optim):
+        if engine.scheduler is not None and scheduled_per_step(self.optim):
             engine.scheduler.step()
 
     def shard_units(self, model: nn.Module) -> Sequence[nn.Module | list[nn.Module]]:
@@ -125,7 +125,7 @@ class DALLETask(Task):
         return text.to(device, non_blocking=True), image_tokens
 
     def after_epoch(self, epoch: int, mean_loss: float, engine: Engine) -> None:
-        if engine.scheduler is not None and not steps_each_epoch(self.optim):
+        if engine.scheduler is not None and not scheduled_per_step(self.optim):
             engine.scheduler.step(mean_loss)
 
     @torch.no_grad()

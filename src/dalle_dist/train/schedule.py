@@ -51,7 +51,7 @@ class LRShape:
         return self.floor + (1.0 - self.floor) * fraction
 
 
-def steps_each_epoch(optim: OptimizerConfig) -> bool:
+def scheduled_per_step(optim: OptimizerConfig) -> bool:
     """Whether the scheduler steps after each optimizer step (else at epoch ends)."""
     return optim.lr_schedule != "plateau"
 
