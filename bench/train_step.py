@@ -35,7 +35,9 @@ from common import (
 from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
 from dalle_dist.selftest.mfu import training_flops_per_step
 from dalle_dist.train.compile import compile_blocks
-from dalle_dist.train.optim import make_adam
+from dalle_dist.train.config import OptimizerConfig
+from dalle_dist.train.optim import embedding_weights, make_adam, make_optimizer
+from dalle_dist.train.schedule import make_lr_scheduler
 
 #: lucidrains/DALLE-pytorch 1.6.6 on this machine, same config (256 image tokens), per
 #: attention pattern, as measured for issues #2 and #4 (its sparse needs DeepSpeed's kernel,
@@ -61,6 +63,10 @@ def main() -> None:
                         help="256 or 1024 (sets --image_size for the 2-layer VAE)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile each transformer block (compile time not counted)")
+    parser.add_argument("--optimizer", choices=("adam", "adamw"), default="adam",
+                        help="adamw: train's --optimizer adamw --weight_decay 0.05 (its two "
+                        "param groups) with a warmup + cosine LambdaLR stepped every step, as "
+                        "train --lr_schedule cosine steps it (default adam, constant rate)")
     args = parser.parse_args()
     if args.image_tokens:
         side = int(args.image_tokens**0.5)
@@ -77,7 +83,16 @@ def main() -> None:
     model = DALLE(cfg, args.attn_impl)
     if args.compile:  # as train --compile does (its compile happens in the warm-up)
         compile_blocks(model.transformer)
-    optimizer = make_adam(model.parameters(), lr=3e-4)
+    scheduler = None
+    if args.optimizer == "adam":
+        optimizer = make_adam(model.parameters(), lr=3e-4)
+    else:
+        optim = OptimizerConfig(optimizer="adamw", weight_decay=0.05, lr_schedule="cosine",
+                                warmup_steps=args.warmup).resolved(False, 3e-4)
+        optimizer = make_optimizer(model.parameters(), "adamw", 3e-4, optim.betas, 0.05,
+                                   {id(p): n for n, p in model.named_parameters()},
+                                   embedding_weights(model))
+        scheduler = make_lr_scheduler(optimizer, optim, 3e-4, args.warmup + args.steps)
     text = torch.randint(1, args.num_text_tokens, (args.batch, args.text_seq_len))
     text[:, args.text_seq_len // 2:] = 0  # half padding, like real captions
     images = torch.rand(args.batch, 3, args.image_size, args.image_size)
@@ -89,6 +104,8 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if scheduler is not None:
+            scheduler.step()
 
     times = time_steps(step, args.warmup, args.steps)
     step_s = median(times)
