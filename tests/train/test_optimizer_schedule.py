@@ -56,8 +56,11 @@ def test_the_scheduler_gives_each_step_the_documented_rate(kind: str) -> None:
 
 
 def test_a_restored_scheduler_goes_on_where_it_stopped() -> None:
-    """The scheduler's state dict at step 7, loaded into a fresh one: the same rates from
-    there (what a resumed run's checkpoint does; the processes prove the rest)."""
+    """The scheduler's state dict at step 7, loaded into a fresh one built for another run
+    length (a resume with more --epochs): the same rates from there, the saved schedule's,
+    as docs/training.md says. Bug caught: a shape the state dict does not carry (a closure
+    or a chain of schedulers: LambdaLR saves only a callable object's fields), which would
+    take the new length's rates after a resume."""
     optim = OptimizerConfig(lr_schedule="cosine", warmup_steps=3).resolved(False, 1.0)
     shape_at = LRShape("cosine", 3, 15, 0.0)
     runs = []
@@ -70,7 +73,7 @@ def test_a_restored_scheduler_goes_on_where_it_stopped() -> None:
             if step == stop:
                 state = scheduler.state_dict()
                 optimizer = torch.optim.SGD([param], lr=1.0)
-                scheduler = make_lr_scheduler(optimizer, optim, 1.0, 15)
+                scheduler = make_lr_scheduler(optimizer, optim, 1.0, 30)
                 scheduler.load_state_dict(state)
                 # LambdaLR restores last_epoch; the rate itself comes from its last step
                 for group, rate in zip(optimizer.param_groups, scheduler.get_last_lr(),

@@ -24,6 +24,8 @@ optimizer state, keyed by parameter name. No resharding here is ours.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import pickle
 import re
@@ -152,11 +154,7 @@ def consolidated_weights(directory: str | Path, tag: str, flag: str) -> dict[str
     directory = Path(directory)
     check_ds_files_safe(directory / tag, flag)
     if not any((directory / tag).glob("*optim_states.pt")):
-        with quiet_output():  # importing DeepSpeed's classes prints its accelerator choice
-            allowed = _deepspeed_classes()
-        file = directory / tag / "mp_rank_00_model_states.pt"
-        with torch.serialization.safe_globals(allowed), mapped_privately():
-            states = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        states = read_ds_file(directory / tag / "mp_rank_00_model_states.pt", mmap=True)
         return {k: v.float() if v.is_floating_point() else v for k, v in states["module"].items()}
     with quiet_output():  # DeepSpeed's import warnings and progress bars
         try:
@@ -170,12 +168,24 @@ def consolidated_weights(directory: str | Path, tag: str, flag: str) -> dict[str
     return {k: v.contiguous() for k, v in state.items()}
 
 
+def read_ds_file(path: Path, mmap: bool = False) -> Any:
+    """One file of a DeepSpeed directory, loaded with weights_only and DeepSpeed's own
+    classes allowed (check_ds_files_safe has vetted the tag); `mmap`: mapped privately,
+    paged in as read."""
+    mapping = mapped_privately() if mmap else contextlib.nullcontext()
+    with torch.serialization.safe_globals(_deepspeed_classes()), mapping:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+
+
+@functools.cache
 def _deepspeed_classes() -> list[Any]:
-    """The allowed DeepSpeed classes themselves, for torch.load's safe_globals."""
+    """The allowed DeepSpeed classes themselves, for torch.load's safe_globals; imported
+    once, quietly (importing DeepSpeed prints its accelerator choice)."""
     try:
-        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-        from deepspeed.runtime.zero.config import ZeroStageEnum
-        from deepspeed.utils.tensor_fragment import fragment_address
+        with quiet_output():
+            from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+            from deepspeed.runtime.zero.config import ZeroStageEnum
+            from deepspeed.utils.tensor_fragment import fragment_address
     except Exception:
         return []
     return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
@@ -272,11 +282,7 @@ def group_parameter_names(tag_dir: Path) -> list[list[str]]:
     recorded them in the tag's model states (`param_shapes`: one name -> shape map per
     group; every rank's file holds them all). A universal checkpoint's param groups keep
     only their hyperparameters: AdamW's decayed and not-decayed groups come from here."""
-    with quiet_output():
-        allowed = _deepspeed_classes()
-    file = min(tag_dir.glob("*model_states.pt"))
-    with torch.serialization.safe_globals(allowed), mapped_privately():
-        states = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    states = read_ds_file(min(tag_dir.glob("*model_states.pt")), mmap=True)
     return [list(group) for group in states["param_shapes"]]
 
 
@@ -288,24 +294,17 @@ def universal_optimizer(universal: Path, shapes: dict[str, torch.Size], flag: st
     each with its parameters' names from `groups` (group_parameter_names; None: one group
     of every parameter). Every file is read with weights_only (DeepSpeed's own classes
     allowed)."""
-    with quiet_output():
-        allowed = _deepspeed_classes()
-
-    def read(path: Path) -> Any:
-        with torch.serialization.safe_globals(allowed):
-            return torch.load(path, map_location="cpu", weights_only=True)
-
     try:
-        shared = read(universal / "zero" / "optimizer_state.pt")
+        shared = read_ds_file(universal / "zero" / "optimizer_state.pt")
         state: dict[str, dict[str, torch.Tensor]] = {}
         for name, shape in shapes.items():
             folder = universal / "zero" / name
             moments = {}
             for key in ("exp_avg", "exp_avg_sq"):
-                value = read(folder / f"{key}.pt")
+                value = read_ds_file(folder / f"{key}.pt")
                 value = value["param"] if isinstance(value, dict) else value
                 moments[key] = value.reshape(shape).float().contiguous()
-            step = (read(folder / "step.pt") if (folder / "step.pt").is_file()
+            step = (read_ds_file(folder / "step.pt") if (folder / "step.pt").is_file()
                     else shared["optimizer_state_dict"]["state"][0]["step"])
             state[name] = {"step": torch.tensor(float(step)), **moments}
     except (OSError, KeyError, RuntimeError, pickle.UnpicklingError) as exc:
@@ -327,12 +326,7 @@ def restore_group_settings(optimizer: Any, universal: Path) -> None:
     loaded it. DeepSpeed 0.19's ZeRO-3 loader gives every group the first one's ("the
     hyperparameters of each parameter should be the same"): with AdamW's two groups, the
     norms, biases and embeddings would be decayed from the resume on."""
-    with quiet_output():
-        allowed = _deepspeed_classes()
-    with torch.serialization.safe_globals(allowed):
-        shared = torch.load(universal / "zero" / "optimizer_state.pt", map_location="cpu",
-                            weights_only=True)
-    saved = shared["param_groups"]
+    saved = read_ds_file(universal / "zero" / "optimizer_state.pt")["param_groups"]
     if len(saved) != len(optimizer.param_groups):
         raise CheckpointError(f"{universal} has {len(saved)} param groups, this run's "
                               f"optimizer {len(optimizer.param_groups)}",

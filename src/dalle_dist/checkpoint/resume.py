@@ -267,8 +267,13 @@ def remove_unfinished_saves(paths: OutputFiles, log: Log) -> None:
         leftover.unlink(missing_ok=True)
 
 
-def check_flags_agree(given: dict[str, Any], saved: dict[str, Any], source: str) -> None:
-    """Flags given on the command line that contradict the checkpoint's config.
+MODEL_FLAGS_FIX = "drop those flags to resume, or train a new model under another output name"
+
+
+def check_flags_agree(given: dict[str, Any], saved: dict[str, Any], source: str,
+                      kind: str = "model", fix: str = MODEL_FLAGS_FIX) -> None:
+    """Flags given on the command line that contradict the checkpoint's config (`kind`:
+    which config, for the message; `fix`: what to do).
 
     A field the config does not record was added after the checkpoint was written (e.g.
     --rotary_emb): that model has the option off, so only an "on" value contradicts it."""
@@ -278,9 +283,7 @@ def check_flags_agree(given: dict[str, Any], saved: dict[str, Any], source: str)
         values = ", ".join(f"{k} {_show(given[k])} (checkpoint: "
                            f"{_show(saved[k]) if k in saved else 'not recorded: off'})"
                            for k in differ)
-        raise ConfigError(f"model flags contradict the checkpoint {source}: {values}",
-                          "drop those flags to resume, or train a new model under another "
-                          "output name")
+        raise ConfigError(f"{kind} flags contradict the checkpoint {source}: {values}", fix)
 
 
 def _norm(value: Any) -> Any:

@@ -168,12 +168,6 @@ def distribute(task: Task, backend: DistributedBackend, train_cfg: TrainConfig,
     return engine
 
 
-def _shown(value: Any) -> str:
-    if value is None:
-        return "none"
-    return ",".join(map(str, value)) if isinstance(value, tuple | list) else str(value)
-
-
 def check_same_optimizer(optim: OptimizerConfig, saved: dict[str, Any] | None,
                          source: Any, total_steps: int | None) -> str | None:
     """A resumed run keeps the checkpoint's optimizer and schedule: the optimizer state
@@ -184,14 +178,11 @@ def check_same_optimizer(optim: OptimizerConfig, saved: dict[str, Any] | None,
     (another --epochs) has another."""
     if saved is None:
         return None
-    was, now = OptimizerConfig.from_dict(saved).to_dict(), optim.to_dict()
-    changed = [name for name in now if was[name] != now[name]]
-    if changed:
-        said = ", ".join(f"--{name} {_shown(now[name])} (checkpoint: {_shown(was[name])})"
-                         for name in changed)
-        raise ConfigError(f"{said}: a resumed run keeps {source}'s optimizer and "
-                          "learning-rate schedule", "resume with the flags it was trained "
-                          "with, or start a new run from its weights")
+    check_flags_agree(optim.to_dict(), OptimizerConfig.from_dict(saved).to_dict(), source,
+                      kind="optimizer and learning-rate schedule",
+                      fix="a resumed run keeps them, so that every step's rate is the "
+                      "uninterrupted run's: give the checkpoint's values, or start a new run "
+                      "from its weights")
     steps = saved.get("schedule_steps")
     if optim.lr_schedule in ("cosine", "linear") and steps and steps != total_steps:
         return (f"--lr_schedule {optim.lr_schedule}: the checkpoint's schedule over {steps} "
@@ -551,8 +542,8 @@ def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | No
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_record, job.run.lr_decay,
                      backend.device, attn_impl, precision=backend.precision(),
                      activation_checkpointing=activation_checkpointing,
-                     compile_backend=compile_backend, optim=job.optim)
-    task.total_steps = train_cfg.epochs * (len(loader) // backend.ga_steps)
+                     compile_backend=compile_backend, optim=job.optim,
+                     total_steps=train_cfg.epochs * (len(loader) // backend.ga_steps))
     if run.payload is not None:
         note = check_same_optimizer(task.optim, run.payload["configs"].get("optimizer"),
                                     run.payload["loaded_from"], task.total_steps)

@@ -55,7 +55,8 @@ class DALLETask(Task):
                  precision: Precision | None = None,
                  activation_checkpointing: bool = False,
                  compile_backend: str | None = None,
-                 optim: OptimizerConfig | None = None) -> None:
+                 optim: OptimizerConfig | None = None,
+                 total_steps: int | None = None) -> None:
         """vae: the frozen image tokenizer (a DiscreteVAE or a taming VQGAN), saved
         whole in every checkpoint; precision: the run's (backend.precision()), whose
         autocast the frozen VAE encodes under; None: fp32. activation_checkpointing: the
@@ -63,14 +64,13 @@ class DALLETask(Task):
         need not). compile_backend: --compile's backend, the trained model's blocks
         compiled with it after checkpointing is set and before any backend wraps the
         model (train/compile.py); None: eager. optim: --optimizer and the learning-rate
-        schedule (default: Adam, constant, or plateau with `lr_decay`); cosine and linear
-        also need `total_steps`, the run's optimizer steps, set before the backend builds
-        the scheduler."""
+        schedule (default: Adam, constant, or plateau with `lr_decay`); total_steps: the
+        run's optimizer steps, over which cosine and linear decay."""
         self.config, self.train, self.data = config, train, data
         self.precision = precision or Precision("fp32", device)
         self.learning_rate = train.learning_rate
         self.optim = (optim or OptimizerConfig()).resolved(lr_decay, train.learning_rate)
-        self.total_steps: int | None = None
+        self.total_steps = total_steps
         self.tokenizer, self.attn_impl = tokenizer, attn_impl
         self.vae = vae.to(device).eval().requires_grad_(False)
         self.model = self.build_model()

@@ -44,16 +44,14 @@ def make_optimizer(params: Iterable[nn.Parameter], kind: str, lr: float,
     options = {"lr": lr, "betas": betas, "fused": _fusable(params) or None}
     if not weight_decay:
         return cls(params, weight_decay=0.0, **options)
-    decayed = [p for p in params if decays(names.get(id(p), ""), p, embeddings)]
-    kept = [p for p in params if not decays(names.get(id(p), ""), p, embeddings)]
-    groups = [{"params": decayed, "weight_decay": weight_decay},
-              {"params": kept, "weight_decay": 0.0}]
+    decayed = {id(p) for p in params if decays(names.get(id(p), ""), p, embeddings)}
+    groups = [{"params": [p for p in params if id(p) in decayed], "weight_decay": weight_decay},
+              {"params": [p for p in params if id(p) not in decayed], "weight_decay": 0.0}]
     return cls([g for g in groups if g["params"]], **options)
 
 
 def embedding_weights(model: nn.Module) -> set[str]:
-    """The names of `model`'s nn.Embedding weights (and of parameters named *pos_emb*:
-    positional tables kept as plain parameters)."""
-    names = {f"{prefix}.weight" if prefix else "weight"
-             for prefix, module in model.named_modules() if isinstance(module, nn.Embedding)}
-    return names | {name for name, _ in model.named_parameters() if "pos_emb" in name}
+    """The names of `model`'s nn.Embedding weights (DALL-E's token and position tables
+    are all nn.Embedding)."""
+    return {f"{prefix}.weight" if prefix else "weight"
+            for prefix, module in model.named_modules() if isinstance(module, nn.Embedding)}
