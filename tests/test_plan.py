@@ -498,3 +498,16 @@ def test_plan_with_token_shards_counts_no_encode(capsys: pytest.CaptureFixture[s
             assert after["items"]["vae_activations"] == 0
             assert after["items"]["vae_params"] == before["items"]["vae_params"]
             assert after["peak"] <= before["peak"]
+
+
+def test_the_ema_is_counted_as_sharded_as_the_weights() -> None:
+    """--ema_decay adds its fp32 copy to every row's peak: 4 bytes per parameter, over
+    the GPUs under FSDP and ZeRO-3 (it is kept beside the shards, backends/ema.py), whole
+    on every other. Caught: a plan that ignored the flag, or divided a replica's copy."""
+    config = big_config()
+    params = plan.dalle_parameters(config)
+    without, with_ema = (plan.estimate(config, batch=16, gpus=4, precisions=("bf16",),
+                                       ema=ema) for ema in (False, True))
+    for before, after in zip(without, with_ema, strict=True):
+        sharded = before.backend == "fsdp" or before.zero_stage == 3
+        assert after.peak - before.peak == 4 * params // (4 if sharded else 1), before.backend

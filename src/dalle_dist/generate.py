@@ -13,6 +13,7 @@ import torch
 from dalle_dist.backends.precision_kinds import DEFAULT_PRECISION, PRECISION_KINDS, PRECISIONS
 from dalle_dist.checkpoint.load import dalle_parts, load_checkpoint
 from dalle_dist.checkpoint.taming import GENERATE_FIX, TamingConfig, check_carried_vqgan
+from dalle_dist.checkpoint.tools import choose_weights
 from dalle_dist.config_base import option
 from dalle_dist.data.config import TokenizerConfig
 from dalle_dist.data.images import make_grid, save_png, tensor_to_pil
@@ -51,6 +52,9 @@ class GenerateConfig:
         "without fp16 arithmetic, larger batches are compute-bound and fp16 can be slower "
         "than fp32 there); the images may differ from "
         "fp32's by rounding. The VAE decodes in fp32", choices=PRECISIONS)
+    no_ema: bool = option(
+        False, "sample from the trained weights even where the checkpoint holds EMA "
+        "weights (train --ema_decay), which it samples from by default")
     gentxt: bool = option(
         False, "complete each prompt with the model's own text predictions first (sampled "
         "with --top_k and --temperature, as DALLE-pytorch's generate_texts), then draw the "
@@ -119,19 +123,21 @@ class Sampler:
     model: DALLE
     vae: ImageTokenizer
     tokenizer: Tokenizer
+    weights: str = "trained"  # which set the model holds: "ema" or "trained"
 
 
 def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_path",
                  tokenizer: TokenizerConfig | None = None,
                  taming: TamingConfig | None = None,
-                 dtype: torch.dtype | None = None) -> Sampler:
+                 dtype: torch.dtype | None = None, use_ema: bool = True) -> Sampler:
     """From a checkpoint file, a DeepSpeed directory, or a safetensors export.
 
     The checkpoint carries its image tokenizer and text tokenizer. tokenizer: the command's
     --bpe_path / --hug / --chinese; they must agree with the tokenizer the checkpoint
     carries, and choose it only where it carries none. taming: DALLE-pytorch's --taming /
     --vqgan_* flags, which then must name that same VQGAN (check_carried_vqgan). dtype:
-    the DALL-E's weights are cast to it after loading (--precision); the VAE stays fp32."""
+    the DALL-E's weights are cast to it after loading (--precision); the VAE stays fp32.
+    use_ema: the checkpoint's EMA weights where it holds them (False: --no_ema)."""
     if Path(path).suffix in (".json", ".safetensors"):
         from dalle_dist.checkpoint.export import load_exported
 
@@ -143,6 +149,8 @@ def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_pa
         payload = load_checkpoint(str(path), flag, "dalle", with_optimizer=False)
     if taming is not None:
         check_carried_vqgan(payload["configs"]["vae"], taming, flag, path)
+    payload, chosen = choose_weights(payload, "auto" if use_ema else "trained",
+                                     f"{flag} {path}")
     config, vae, tok = dalle_parts(payload, tokenizer, f"{flag} {path}")
     # Built on the meta device and given the file's tensors (assign): no random weights are
     # drawn only to be overwritten, and the one copy made is the cast onto the device (to
@@ -150,7 +158,7 @@ def load_sampler(path: str | Path, device: torch.device, flag: str = "--dalle_pa
     model = on_meta(lambda: DALLE(config))
     model.load_state_dict(payload["weights"], assign=True)
     model = model.to(device=device, dtype=dtype or torch.float32)
-    return Sampler(model.eval(), vae.to(device).eval(), tok)
+    return Sampler(model.eval(), vae.to(device).eval(), tok, chosen)
 
 
 def split_prompts(text: str) -> list[str]:
@@ -210,7 +218,10 @@ def generate(dalle_path: str, prompts: Sequence[str], outputs_dir: str, config: 
     if set_tf32(device, tf32):
         log(TF32_ON)
     set_cudnn_benchmark(device)
-    sampler = load_sampler(dalle_path, device, tokenizer=tokenizer, taming=taming, dtype=dtype)
+    sampler = load_sampler(dalle_path, device, tokenizer=tokenizer, taming=taming, dtype=dtype,
+                           use_ema=not config.no_ema)
+    if sampler.weights == "ema":
+        log("sampling from the checkpoint's EMA weights (--no_ema: its trained weights)")
     if config.cond_scale != 1.0 and not sampler.model.config.null_cond_prob:
         log(f"warning: --cond_scale {config.cond_scale} on a model trained without "
             "--null_cond_prob: it never saw the null caption, so guidance has nothing to "

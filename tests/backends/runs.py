@@ -33,9 +33,14 @@ OPTIMIZER = ("--optimizer", "adamw", "--weight_decay", "0.5", "--lr_schedule", "
 #: the rate each of the STEPS steps takes under OPTIMIZER at --learning_rate 3e-3 (the
 #: warmup's 1/2 and 2/2, the peak, cosine's midpoint, the floor)
 STEP_RATES = [1.5e-3, 3e-3, 3e-3, 2e-3, 1e-3]
+#: an EMA on every backend: the weights themselves after step 1, then averaged with
+#: decay 0.6 (a decay near 1 would leave it near the initial weights, where a backend that
+#: never updated it would pass)
+EMA_DECAY, EMA_START = 0.6, 1
+EMA = ("--ema_decay", str(EMA_DECAY), "--ema_start_step", str(EMA_START))
 COMMON = [*TINY_DALLE_FLAGS, "--epochs", "1", "--shapes_count", str(STEPS * BATCH),
           "--fidelity_images", "0", "--learning_rate", "3e-3", "--log_every_n_steps", "1",
-          *OPTIMIZER]
+          *OPTIMIZER, *EMA]
 #: fp32 on 2 ranks against one process (observed: weights < 1e-6, grad norms < 1e-6 rel).
 RTOL, ATOL = 1e-4, 1e-5
 

@@ -42,10 +42,14 @@ def plain(value: Any) -> Any:
 
 
 def assert_same(got: dict[str, Any], expected: dict[str, Any]) -> None:
-    """Weights and Adam's state of two single-file payloads, bit for bit."""
+    """Weights, the EMA (the tag's ema/ shards) and Adam's state of two single-file
+    payloads, bit for bit."""
     assert got["weights"].keys() == expected["weights"].keys()
     for name, tensor in expected["weights"].items():
         assert torch.equal(got["weights"][name], tensor), name
+    assert got["ema_weights"].keys() == expected["ema_weights"].keys()
+    for name, tensor in expected["ema_weights"].items():
+        assert torch.equal(got["ema_weights"][name], tensor), name
     # (a sharded save stores betas as a list: DCP flattens tuples)
     assert plain(got["optimizer"]["param_groups"]) == plain(expected["optimizer"]["param_groups"])
     for name, moments in expected["optimizer"]["state"].items():

@@ -25,6 +25,8 @@ import torch
 
 from tests import launch
 from tests.backends.runs import (
+    EMA_DECAY,
+    EMA_START,
     RUNS,
     STEP_RATES,
     STEPS,
@@ -35,6 +37,31 @@ from tests.backends.runs import (
     batch_flag,
 )
 from tests.conftest import TINY_VAE_FLAGS, saved_checkpoint
+
+
+def test_ema_is_the_hand_computed_average(trained: Callable[..., Run]) -> None:
+    """One process keeping every step's checkpoint: the weights after each of the 5 steps,
+    folded by hand (the weights themselves through --ema_start_step, then ema = D x ema +
+    (1 - D) x weights), give the EMA its file holds. The 2-rank runs' EMAs equal this
+    run's (test_two_ranks_equal_one_process), so every backend's is the hand-computed one.
+    Caught: an update before the optimizer step (one step behind), a lerp weight of D
+    instead of 1 - D, the start step off by one."""
+    run = trained("single", "fp32", "--save_every_n_steps", "1", "--keep_n_checkpoints", "9")
+    history = run.folder / "dalle-checkpoints"
+    steps = [torch.load(history / f"step-{k:07d}.pt", weights_only=True)["weights"]
+             for k in range(1, STEPS + 1)]
+    ema = run.payload["ema_weights"]
+    assert ema.keys() <= steps[-1].keys() and len(ema) > 10
+    for name, got in ema.items():
+        expected = steps[0][name].clone()  # step 1 <= --ema_start_step: copied
+        for k in range(EMA_START, STEPS):
+            expected = EMA_DECAY * expected + (1 - EMA_DECAY) * steps[k][name]
+        assert torch.allclose(got, expected, rtol=1e-6, atol=1e-7), (  # lerp rounds
+            name, (got - expected).abs().max().item())
+        if got.ndim == 2:  # not the weights themselves: the average lags them
+            assert not torch.allclose(got, steps[-1][name], atol=1e-5), name
+    assert run.payload["configs"]["ema"] == {"ema_decay": EMA_DECAY,
+                                             "ema_start_step": EMA_START, "ema_every": 1}
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -48,6 +75,15 @@ def test_two_ranks_equal_one_process(name: str, trained: Callable[[str, str], Ru
     assert run.payload["backend"] == name.split("-")[0]
     assert_same_norms(run.grad_norms, single.grad_norms)
     assert_weights_close(run.payload["weights"], single.payload["weights"])
+    # the EMA each backend kept of its own (FSDP, ZeRO-3: sharded) values, gathered into
+    # its file: the one process's (which test_ema_is_the_hand_computed_average checks)
+    assert_weights_close(run.payload["ema_weights"], single.payload["ema_weights"])
+    if name.startswith("deepspeed"):  # the tag's own EMA shards (ema/) read back whole
+        from dalle_dist.checkpoint.load import read_any_checkpoint
+
+        tag = read_any_checkpoint(run.folder / "dalle-ds-cp", "test")["ema_weights"]
+        for key, tensor in run.payload["ema_weights"].items():
+            assert torch.equal(tag[key], tensor), key
     # the schedule's rate reached the optimizer each backend steps (DeepSpeed's own wrapper
     # included): fails if a backend's scheduler steps another optimizer, or at epoch ends
     for logged in (single, run):
@@ -111,6 +147,7 @@ def test_model_options_on_two_fsdp_ranks_equal_one_process(trained: Callable[...
     assert_ranks_consistent("fsdp", run.text)
     assert_same_norms(run.grad_norms, single.grad_norms)
     assert_weights_close(run.payload["weights"], single.payload["weights"])
+    assert_weights_close(run.payload["ema_weights"], single.payload["ema_weights"])
     # the schedule's rate reached the optimizer each backend steps (DeepSpeed's own wrapper
     # included): fails if a backend's scheduler steps another optimizer, or at epoch ends
     for logged in (single, run):

@@ -37,7 +37,8 @@ from tests.conftest import TINY_DALLE_FLAGS, run_cli
 BATCH = 16
 COMMON = [*TINY_DALLE_FLAGS, "--shapes_count", "64", "--batch_size", str(BATCH),
           "--fidelity_images", "0", "--learning_rate", "3e-3", "--log_every_n_steps", "1",
-          "--save_every_n_steps", "2", "--keep_n_checkpoints", "9", "--epochs", "2"]
+          "--save_every_n_steps", "2", "--keep_n_checkpoints", "9", "--epochs", "2",
+          "--ema_decay", "0.8"]
 #: fp32 reduction order only: derived in test_resumed_on_two_ranks_ends_where_four_end
 LOSS_RTOL, WEIGHT_ATOL = 1e-6, 2e-6
 
@@ -54,10 +55,16 @@ def saved(folder: Path, name: str) -> dict[str, Any]:
 
 
 def assert_same_state(got: dict[str, Any], expected: dict[str, Any]) -> None:
-    """Weights, every Adam moment and step count, and the param groups: bit for bit."""
+    """Weights, the EMA (--ema_decay: sharded like the weights), every Adam moment and
+    step count, and the param groups: bit for bit."""
     assert got["model"].keys() == expected["model"].keys()
     for key, tensor in expected["model"].items():
         assert torch.equal(got["model"][key], tensor), key
+    assert got["ema"].keys() == expected["ema"].keys() and expected["ema"]
+    for key, tensor in expected["ema"].items():
+        assert torch.equal(got["ema"][key], tensor), key
+        # a save that wrote the weights where the EMA goes would pass the line above
+        assert not torch.equal(tensor, expected["model"][key]) or tensor.ndim < 2, key
     assert got["optim"]["param_groups"] == expected["optim"]["param_groups"]
     assert got["optim"]["state"].keys() == expected["optim"]["state"].keys()
     for name, moments in expected["optim"]["state"].items():
@@ -198,7 +205,8 @@ def test_the_state_goes_round_single_ddp_and_fsdp(two: tuple[Path, str],
                "--checkpoint_format", "full", "--dalle_output_file_name", "one", cwd=tmp_path))
     single = torch.load(tmp_path / "one.pt", weights_only=True)
     assert single["step"] == 8 and single["backend"] == "single"
-    assert_same_state({"model": single["weights"], "optim": single["optimizer"]}, expected)
+    assert_same_state({"model": single["weights"], "optim": single["optimizer"],
+                       "ema": single["ema_weights"]}, expected)
 
     text = ok(launch.torchrun("train", "--distributed_backend", "torch", "--resume", "one.pt",
                               *COMMON, "--checkpoint_format", "sharded",

@@ -69,9 +69,12 @@ def stopped_step(out: str, signal_name: str) -> int:
 
 
 def assert_same_training_state(got: Path, expected: Path) -> None:
-    """Bit for bit: every weight and every optimizer tensor."""
+    """Bit for bit: every weight, every optimizer tensor and the EMA (--ema_decay)."""
     a = torch.load(got, weights_only=True)
     b = torch.load(expected, weights_only=True)
+    assert a.keys() == b.keys()
+    for name, tensor in b.get("ema_weights", {}).items():
+        assert torch.equal(a["ema_weights"][name], tensor), name
     assert b["epoch"] == 2, "the reference run is complete"
     assert (a["step"], a["epoch"], a["batch"]) == (b["step"], b["epoch"], b["batch"])
     for name, tensor in b["weights"].items():
@@ -135,7 +138,11 @@ def test_sigterm_saves_exits_0_and_resumes_exactly(tiny_vae: Path, tmp_path: Pat
 #: A warmup, then a cosine decay, under AdamW: the schedule a resume must continue, not
 #: restart (--warmup_steps counted in optimizer steps, whatever --ga_steps is).
 SCHEDULE = ["--optimizer", "adamw", "--weight_decay", "0.1", "--lr_schedule", "cosine",
-            "--warmup_steps", "6", "--min_lr", "1e-4"]
+            "--warmup_steps", "6", "--min_lr", "1e-4",
+            # and an EMA that copies up to step 3 and averages every second step after it:
+            # a resume that lost it, restarted it from the resumed weights or counted its
+            # steps from the resume would not be bit for bit
+            "--ema_decay", "0.9", "--ema_start_step", "3", "--ema_every", "2"]
 GA_FLAGS = [*FLAGS, "--ga_steps", "2", *SCHEDULE]
 
 
@@ -191,7 +198,10 @@ def test_sigterm_with_ga_steps_resumes_exactly(tiny_vae: Path, tmp_path: Path,
 
     status, out = finish(spawn(cmd, tmp_path))
     assert status == 0, out
+    assert "EMA weights: decay 0.9, from step 4, every 2 step(s)" in out
+    assert "holds no EMA weights" not in out
     assert_same_training_state(tmp_path / "dalle.pt", uninterrupted_ga)
+    assert "ema_weights" in torch.load(uninterrupted_ga, weights_only=True)
     assert_same_rates(tmp_path / "dalle.pt", uninterrupted_ga)
 
 

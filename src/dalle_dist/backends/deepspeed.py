@@ -50,6 +50,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from dalle_dist.backends.ema import EMAEntry
 from dalle_dist.backends.engine import (
     Engine,
     OptimizerFactory,
@@ -256,6 +257,45 @@ class DeepSpeedEngine(Engine):
         # ZeRO-3: this rank's own partition of each parameter (see FSDPEngine.rank_digest).
         return parameter_digest({name: param.ds_tensor
                                  for name, param in self.module.named_parameters()})
+
+    def _ema_layout(self) -> tuple[list[EMAEntry], Any]:
+        """Flat at every stage (ema.py: saves that read the same whatever the stage).
+        ZeRO-3: each rank averages its own partition of each parameter, `ds_tensor` less
+        DeepSpeed's padding, as Shard(0) of the flat parameter over all ranks; ZeRO 0-2:
+        the module's whole parameters (16-bit in bf16 and fp16: the fp32 master copies
+        are partitions inside the optimizer)."""
+        named = list(self.module.named_parameters())
+        params = [p for _, p in named]
+        if self.stage != 3:
+            return [EMAEntry(name, p.shape, flat=True) for name, p in named], lambda: params
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        mesh = init_device_mesh(self.precision.device.type, (world,))
+        entries = [EMAEntry(name, torch.Size(p.ds_shape), mesh, (Shard(0),), flat=True)
+                   for name, p in named]
+
+        def partitions() -> list[torch.Tensor]:
+            parts = []
+            for p in params:
+                size = p.ds_tensor.numel()
+                valid = max(0, min(size, p.ds_numel - rank * size))
+                parts.append(p.ds_tensor.view(-1).narrow(0, 0, valid))
+            return parts
+
+        return entries, partitions
+
+    @property
+    def ema_swaps(self) -> bool:
+        """ZeRO-3 never has the EMA written into its partitions: DeepSpeed keeps gathered
+        copies of them (persistent small parameters, its parameter-fetch trace) that such
+        a write leaves on other values, and a run that did diverged from the one
+        process's after its first sample grid (through GatheredParameters it broke the
+        fetch trace instead). Its grids and fidelity check are drawn from a model loaded
+        with the gathered EMA; its validation measures the trained weights."""
+        return self.stage != 3
 
     def training_state(self) -> dict[str, Any]:
         """The scheduler and the ZeRO stage (DeepSpeed keeps its loss scale in its own

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from dalle_dist.backends.ema import EMA, EMAEntry, EMASettings, with_ema
 from dalle_dist.backends.optim_state import optimizer_state_by_index
 from dalle_dist.backends.precision import Precision
 from dalle_dist.backends.watch import CollectiveWatch
@@ -61,6 +62,9 @@ class Engine:
     #: weights are gathered for its call and freed after it), so a sample grid never
     #: puts the whole model on one rank; False: the root samples from the whole model.
     samples_sharded: ClassVar[bool] = False
+    #: --ema_decay's moving average of the parameters this rank holds (start_ema); None
+    #: without it
+    ema: EMA | None = None
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any | None, precision: Precision, is_root: bool = True,
@@ -173,6 +177,46 @@ class Engine:
         scaler = self.precision.scaler
         return None if scaler is None else float(scaler.get_scale())
 
+    # -- EMA ---------------------------------------------------------------------------
+
+    def start_ema(self, settings: EMASettings, rank: int = 0, world_size: int = 1) -> EMA:
+        """An EMA of the parameters as they are now (after a checkpoint's weights were
+        loaded), kept on this engine; a checkpoint's own EMA replaces it on resume."""
+        entries, sources = self._ema_layout()
+        self.ema = EMA(settings, entries, sources, rank, world_size)
+        return self.ema
+
+    #: whether ema_applied puts the EMA in the parameters' place (DeepSpeed ZeRO-3 does
+    #: not: its inference copies take it from ema_full_state instead)
+    ema_swaps: bool = True
+
+    def ema_applied(self) -> AbstractContextManager[None]:
+        """The EMA in the parameters' place inside (sampling, validation), where the
+        engine keeps one and can swap it in (ema_swaps); the trained weights as they are
+        otherwise."""
+        if self.ema is None or not self.ema_swaps:
+            return contextlib.nullcontext()
+        return self.ema.applied()
+
+    def inference_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
+        """full_state_dict for an inference copy `model` of the module (on the root; None
+        elsewhere), with the EMA's values where the engine keeps one that ema_applied
+        cannot swap in. Collective if sharded."""
+        state = self.full_state_dict()
+        if self.ema is None or self.ema_swaps:
+            return state
+        ema = self.ema.full_state(self.is_root)
+        return None if state is None or ema is None else with_ema(model, state, ema)
+
+    def _ema_layout(self) -> tuple[list[EMAEntry], Any]:
+        """What the EMA averages: one entry per parameter (shared ones once) and the
+        callable returning this rank's tensor of each. Here every rank holds the whole
+        parameters (one process, replicas)."""
+        named = list(self.module.named_parameters())
+        entries = [EMAEntry(name, p.shape) for name, p in named]
+        params = [p for _, p in named]
+        return entries, lambda: params
+
     # -- state -----------------------------------------------------------------------
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
@@ -209,7 +253,8 @@ class Engine:
         scaler = self.precision.scaler.state_dict() if self.precision.scaler else None
         return {"scheduler": scheduler, "scaler": scaler}
 
-    def sharded_state(self, with_optimizer: bool = True) -> dict[str, Any]:
+    def sharded_state(self, with_optimizer: bool = True, with_ema: bool = True
+                      ) -> dict[str, Any]:
         """The model's and optimizer's state in torch.distributed.checkpoint's form, keyed
         by parameter name: this rank's own shards under FSDP (DTensors), the whole tensors
         on replicas (DCP writes each replicated tensor once). DCP saves it from every rank
@@ -218,6 +263,8 @@ class Engine:
         with_optimizer: include the optimizer. Before the first step it has no state:
         a save leaves it out then; to load into, torch first creates it (a zero-gradient
         step at learning rate 0, which moves no weight), so DCP has tensors to fill.
+        with_ema: include the EMA (`ema`, as its sharded_state: shards where sharded),
+        when the engine keeps one.
         """
         from torch.distributed.checkpoint.state_dict import (
             get_model_state_dict,
@@ -227,6 +274,8 @@ class Engine:
         state: dict[str, Any] = {"model": get_model_state_dict(self.module)}
         if with_optimizer:
             state["optim"] = get_optimizer_state_dict(self.module, self.optimizer)
+        if with_ema and self.ema is not None:
+            state["ema"] = self.ema.sharded_state()
         return state
 
     def load_sharded_state(self, state: dict[str, Any]) -> None:
@@ -239,6 +288,8 @@ class Engine:
         set_model_state_dict(self.module, state["model"])
         if "optim" in state:
             set_optimizer_state_dict(self.module, self.optimizer, state["optim"])
+        if "ema" in state and self.ema is not None:
+            self.ema.load_sharded_state(state["ema"])
 
     def save_native(self, directory: Path, tag: str, client_state: dict[str, Any]) -> None:
         """Every rank writes its part of the engine's own checkpoint as `directory/tag`."""

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
+from dalle_dist.backends.ema import EMAEntry
 from dalle_dist.backends.engine import Engine, OptimizerFactory, SchedulerFactory, parameter_digest
 from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.precision import Precision
@@ -154,6 +155,15 @@ class FSDPEngine(Engine):
         construction (and hold the whole model on every rank)."""
         return parameter_digest({name: param.to_local()
                                  for name, param in self.module.named_parameters()})
+
+    def _ema_layout(self) -> tuple[list[EMAEntry], Any]:
+        """Each rank averages its own shards: the local part of every DTensor parameter,
+        presented as a DTensor of the same mesh and placements."""
+        named = list(self.module.named_parameters())
+        entries = [EMAEntry(name, p.shape, p.device_mesh, tuple(p.placements))
+                   for name, p in named]
+        params = [p for _, p in named]
+        return entries, lambda: [p.to_local() for p in params]
 
     def _gradient_sync(self, sync: bool) -> AbstractContextManager[None]:
         """FSDP2 reduce-scatters in backward unless told not to; the flag reaches every

@@ -155,16 +155,19 @@ def export_vae_dalle_pytorch(payload: dict[str, Any]) -> dict[str, Any]:
                         for theirs, ours in their_vae_keys(config)}}
 
 
-def write_export(path: str | Path, out: str | Path, force: bool = False) -> dict[str, Any]:
+def write_export(path: str | Path, out: str | Path, force: bool = False,
+                 weights: str = "auto") -> dict[str, Any]:
     """`checkpoint export PATH OUT --format dalle-pytorch`: OUT is a .pt file that
-    DALLE-pytorch's generate.py (a DALL-E) or train_dalle.py --vae_path (a VAE) loads."""
+    DALLE-pytorch's generate.py (a DALL-E) or train_dalle.py --vae_path (a VAE) loads.
+    weights: auto, ema or trained (checkpoint.load.choose_weights)."""
     from dalle_dist.checkpoint.load import read_any_checkpoint
-    from dalle_dist.checkpoint.tools import check_output, verify_payload
+    from dalle_dist.checkpoint.tools import check_output, choose_weights, verify_payload
 
     out = Path(out)
     check_output(out, "OUT", force)
     payload = read_any_checkpoint(path, "PATH", with_optimizer=False)
     verify_payload(payload, "PATH", Path(path))
+    payload, _ = choose_weights(payload, weights, f"PATH {path}")
     if payload["kind"] == "vae":
         obj = export_vae_dalle_pytorch(payload)
     else:

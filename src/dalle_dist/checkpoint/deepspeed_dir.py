@@ -42,10 +42,13 @@ from dalle_dist.checkpoint.format import (
     write_checkpoint_file,
 )
 from dalle_dist.checkpoint.sharded_dir import is_sharded_dir
+from dalle_dist.checkpoint.single_file import ema_payload
 from dalle_dist.errors import CheckpointError
 from dalle_dist.fileio import atomic_writer, quiet_output
 
 AUXILIARY_FILE = "auxiliary.pt"
+#: the tag's sub-folder holding --ema_decay's average (DCP shards: save_ema_shards)
+EMA_FOLDER = "ema"
 LATEST_FILE = "latest"
 UNIVERSAL_SUFFIX = "_universal"
 TAG_PATTERN = re.compile(r"global_step(\d+)(?:_(\d+))?$")
@@ -233,17 +236,54 @@ def save_ds_checkpoint(engine: Engine, path: Path, meta: dict[str, Any],
         shutil.rmtree(directory / tag)  # left by a save that never finished
     dist.barrier()
     engine.save_native(directory, tag, client_state={"step": meta["step"]})
+    if engine.ema is not None:
+        save_ema_shards(engine, directory / tag / EMA_FOLDER)
     weights = engine.full_state_dict() if single_file else None  # collective under ZeRO-3
+    ema = ema_payload(engine) if single_file else {}
     if engine.is_root:
         aux = {**meta, **engine.training_state()}
         with engine.working_alone():
             write_tag_meta(directory, tag, aux)
             if single_file:
-                write_checkpoint_file(path, {**aux, "weights": weights, "optimizer": None})
+                write_checkpoint_file(path, {**aux, "weights": weights, "optimizer": None,
+                                             **ema})
     dist.barrier()  # every rank's partition files are written
     if engine.is_root:
         with engine.working_alone():
             publish_tag(directory, tag, keep_n)
+
+
+def save_ema_shards(engine: Engine, folder: Path) -> None:
+    """The engine's EMA into `folder` through DCP, every rank its own part (ZeRO-3: its
+    partitions; replicas: written once), flat whatever the stage (backends/ema.py), so
+    any world size and stage loads it back (load_ema_shards). Collective."""
+    from torch.distributed.checkpoint import FileSystemWriter, save
+
+    save({"ema": engine.ema.sharded_state()},
+         storage_writer=FileSystemWriter(str(folder), sync_files=True))
+
+
+def load_ema_shards(engine: Engine, folder: Path) -> None:
+    """save_ema_shards' folder into the engine's EMA, each rank reading its part."""
+    from torch.distributed.checkpoint import load
+
+    from dalle_dist.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, dcp_errors
+
+    state = {"ema": engine.ema.sharded_state()}
+    with dcp_errors(f"--resume {folder} (the EMA weights) could not be loaded",
+                    "resume with the model flags it was saved with"):
+        load(state, storage_reader=SafeReader(str(folder)), planner=SafeLoadPlanner())
+    engine.ema.load_sharded_state(state["ema"])
+
+
+def read_ema_shards(folder: Path, shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
+    """save_ema_shards' folder whole, in this process alone, each tensor in its
+    parameter's shape (`shapes`: the consolidated weights')."""
+    from dalle_dist.checkpoint.dcp_io import read_whole
+
+    flat = read_whole(folder, {"ema"}).get("ema", {})
+    return {name: value.reshape(shapes[name]) for name, value in flat.items()
+            if name in shapes}
 
 
 def make_universal(tag_dir: Path, out: Path, flag: str) -> None:

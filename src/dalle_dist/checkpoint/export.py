@@ -16,6 +16,7 @@ from dalle_dist import __version__
 from dalle_dist.checkpoint.load import read_any_checkpoint
 from dalle_dist.checkpoint.tools import (
     check_output,
+    choose_weights,
     verify_payload,
     weight_parts,
 )
@@ -54,9 +55,10 @@ def _unshared(state: dict[str, torch.Tensor], prefix: str,
 
 
 def export_checkpoint(path: str | Path, out: str | Path, force: bool = False,
-                      flag: str = "PATH") -> tuple[Path, Path]:
+                      flag: str = "PATH", weights: str = "auto") -> tuple[Path, Path]:
     """Write OUT.safetensors (weights, keys prefixed `dalle.` / `vae.`) and OUT.json
-    (configs and provenance) from a checkpoint of either kind; returns both paths."""
+    (configs and provenance) from a checkpoint of either kind; returns both paths.
+    weights: auto, ema or trained (checkpoint.load.choose_weights); the JSON says which."""
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -65,6 +67,7 @@ def export_checkpoint(path: str | Path, out: str | Path, force: bool = False,
         check_output(target, "OUT", force)
     payload = read_any_checkpoint(path, flag, with_optimizer=False)
     verify_payload(payload, flag, path)  # an export that cannot be loaded is no export
+    payload, chosen = choose_weights(payload, weights, f"{flag} {path}")
     tensors: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for name, _, weights in weight_parts(payload, flag, path):
@@ -78,6 +81,7 @@ def export_checkpoint(path: str | Path, out: str | Path, force: bool = False,
         "weights_file": weights_path.name,
         "prefixes": {name: PREFIXES[name] for name, _, _ in weight_parts(payload, flag, path)},
         "configs": {key: configs[key] for key in keep if key in configs},
+        "weights": chosen,
         "step": payload.get("step"),
         "epoch": payload.get("epoch"),
         "package_version": payload.get("package_version"),

@@ -29,10 +29,12 @@ from typing import Any, Protocol
 
 from dalle_dist.backends import DistributedBackend, Engine
 from dalle_dist.checkpoint.deepspeed_dir import (
+    EMA_FOLDER,
     LATEST_FILE,
     ds_checkpoint_dir,
     is_ds_checkpoint_dir,
     load_ds_checkpoint,
+    load_ema_shards,
     read_ds_meta,
 )
 from dalle_dist.checkpoint.format import KIND_NAMES, LoopState, read_checkpoint_file
@@ -42,6 +44,7 @@ from dalle_dist.checkpoint.sharded_dir import (
     is_sharded_dir,
     load_into_engine,
     read_sharded_meta,
+    saved_keys,
     sharded_checkpoint_dir,
 )
 from dalle_dist.checkpoint.single_file import HISTORY_PATTERN, history_dir
@@ -363,6 +366,7 @@ def restore_training(payload: dict[str, Any], engine: Engine, backend: Distribut
             "the checkpoint holds none")
     if why:
         log.info(f"warning: the optimizer starts fresh ({why})")
+    restore_ema(payload, engine, log)
     state = LoopState.from_checkpoint(payload)
     seek_in_epoch(state, payload, backend, batch_size, log)
     exact = restore_rank_rng(payload["rng"], backend.rank, backend.world_size,
@@ -375,3 +379,45 @@ def restore_training(payload: dict[str, Any], engine: Engine, backend: Distribut
                  f"run has {backend.world_size}: random states reseeded (the run continues, "
                  "but no longer repeats an uninterrupted one exactly)")
     return state
+
+
+def restore_ema(payload: dict[str, Any], engine: Engine, log: Log) -> None:
+    """The checkpoint's EMA into the engine's (--ema_decay), from whichever form it holds
+    it in: a sharded save's `ema` entries (already loaded with the model's shards), a
+    DeepSpeed tag's `ema/` shards, or a single file's whole `ema_weights`. A checkpoint
+    without one leaves the EMA the resumed weights; a run without --ema_decay drops the
+    checkpoint's, and says so."""
+    saved = (payload.get("configs") or {}).get("ema")
+    ema = engine.ema
+    if ema is None:
+        if saved:
+            log.info(f"warning: the checkpoint keeps EMA weights (--ema_decay "
+                     f"{saved['ema_decay']:g}) and this run has no --ema_decay: its saves "
+                     "will hold none; add the flag to keep them")
+        return
+    if "sharded_dir" in payload:
+        found = "ema" in saved_keys(payload["sharded_dir"])  # loaded with the shards
+    elif "ds_dir" in payload:
+        folder = Path(payload["ds_dir"]) / payload["ds_tag"] / EMA_FOLDER
+        found = folder.is_dir()
+        if found:
+            load_ema_shards(engine, folder)
+    else:
+        weights = payload.get("ema_weights")
+        found = bool(weights)
+        if found:
+            missing = ema.load_full_state(weights)
+            if missing:
+                raise CheckpointError(f"the checkpoint's EMA weights lack {len(missing)} of "
+                                      f"the model's parameters ({', '.join(missing[:3])})",
+                                      "resume with the model flags it was saved with")
+    if not found:
+        log.info("the checkpoint holds no EMA weights: the average starts from its weights")
+        return
+    now = {"ema_decay": ema.settings.decay, "ema_start_step": ema.settings.start_step,
+           "ema_every": ema.settings.every}
+    changed = [f"{k} {now[k]:g} (checkpoint: {saved.get(k)})" for k in now
+               if saved and saved.get(k) is not None and saved.get(k) != now[k]]
+    if changed:
+        log.info(f"EMA settings changed on resume: {', '.join(changed)}; the saved average "
+                 "goes on under the new ones")

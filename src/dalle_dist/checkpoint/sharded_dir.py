@@ -130,9 +130,10 @@ def read_sharded_whole(directory: str | Path, flag: str, with_optimizer: bool = 
 
     meta = read_sharded_meta(directory, flag)
     folder = meta.pop("sharded_dir")
-    keys = {"model", "optim"} if with_optimizer else {"model"}
+    keys = {"model", "optim", "ema"} if with_optimizer else {"model", "ema"}
     state = read_whole(folder, keys & saved_keys(folder))
-    return {**meta, "weights": state.get("model", {}), "optimizer": state.get("optim")}
+    ema = {"ema_weights": state["ema"]} if "ema" in state else {}
+    return {**meta, "weights": state.get("model", {}), "optimizer": state.get("optim"), **ema}
 
 
 def write_sharded(directory: Path, payload: dict[str, Any]) -> str:
@@ -147,7 +148,9 @@ def write_sharded(directory: Path, payload: dict[str, Any]) -> str:
     state: dict[str, Any] = {"model": payload["weights"]}
     if payload.get("optimizer"):
         state["optim"] = payload["optimizer"]
-    meta = {k: v for k, v in payload.items() if k not in ("weights", "optimizer")}
+    if payload.get("ema_weights"):
+        state["ema"] = payload["ema_weights"]
+    meta = {k: v for k, v in payload.items() if k not in ("weights", "optimizer", "ema_weights")}
     write_checkpoint_file(folder / META_FILE, {**meta, "checkpoint_format": "sharded"})
     from dalle_dist.checkpoint.dcp_io import one_process
 
@@ -159,15 +162,17 @@ def write_sharded(directory: Path, payload: dict[str, Any]) -> str:
 
 
 def load_into_engine(engine: Engine, folder: str | Path) -> bool:
-    """The model and optimizer state of one save into a running engine, each rank reading
-    only the shards it holds (DCP reshards to this run's world size). Collective. Returns
-    whether the save held optimizer state (none before the first step)."""
+    """The model and optimizer state of one save, and its EMA where both the save and the
+    engine have one, into a running engine, each rank reading only the shards it holds
+    (DCP reshards to this run's world size). Collective. Returns whether the save held
+    optimizer state (none before the first step)."""
     from torch.distributed.checkpoint import load
 
     from dalle_dist.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, dcp_errors
 
-    with_optimizer = "optim" in saved_keys(folder)
-    state = engine.sharded_state(with_optimizer=with_optimizer)
+    saved = saved_keys(folder)
+    with_optimizer = "optim" in saved
+    state = engine.sharded_state(with_optimizer=with_optimizer, with_ema="ema" in saved)
     with dcp_errors(f"--resume {folder} could not be loaded into this model",
                     "resume with the model flags it was saved with"):
         load(state, storage_reader=SafeReader(str(folder)), planner=SafeLoadPlanner())

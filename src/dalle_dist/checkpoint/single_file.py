@@ -47,6 +47,15 @@ def keep_history(path: str | Path, step: int, keep_n: int) -> Path:
     return kept
 
 
+def ema_payload(engine: Engine) -> dict[str, Any]:
+    """{"ema_weights": the whole EMA, fp32} on the root when the engine keeps one; {}
+    elsewhere. Collective when the EMA is sharded (every rank calls it)."""
+    if engine.ema is None:
+        return {}
+    weights = engine.ema.full_state(engine.is_root)
+    return {"ema_weights": weights} if weights is not None else {}
+
+
 def save_single_file(engine: Engine, path: Path, meta: dict[str, Any],
                      keep_n: int | None) -> None:
     """Write meta + weights + optimizer + the engine's training state as one file, from
@@ -55,10 +64,11 @@ def save_single_file(engine: Engine, path: Path, meta: dict[str, Any],
     Every rank calls it (gathering a sharded model is collective); only the root writes.
     """
     weights, optimizer = engine.full_state_dict(), engine.optimizer_state_dict()
+    ema = ema_payload(engine)
     if engine.is_root:
         state = engine.training_state()
         with engine.working_alone():
             write_checkpoint_file(path, {**meta, "weights": weights, "optimizer": optimizer,
-                                         **state})
+                                         **state, **ema})
             if keep_n:
                 keep_history(path, meta["step"], keep_n)

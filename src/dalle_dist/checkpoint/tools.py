@@ -23,8 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from dalle_dist.backends.ema import with_ema
 from dalle_dist.checkpoint.deepspeed_dir import (
     AUXILIARY_FILE,
+    EMA_FOLDER,
     UNIVERSAL_SUFFIX,
     consolidated_weights,
     group_parameter_names,
@@ -32,6 +34,7 @@ from dalle_dist.checkpoint.deepspeed_dir import (
     latest_tag,
     make_universal,
     read_ds_meta,
+    read_ema_shards,
     tag_order,
     universal_optimizer,
 )
@@ -340,6 +343,9 @@ def _from_ds_dir(ds_dir: Path) -> dict[str, Any]:
     tag = meta["ds_tag"]
     weights = consolidated_weights(ds_dir, tag, "SOURCE")
     rest = {k: v for k, v in meta.items() if k not in ("ds_dir", "ds_tag")}
+    if (ds_dir / tag / EMA_FOLDER).is_dir():
+        rest["ema_weights"] = read_ema_shards(ds_dir / tag / EMA_FOLDER,
+                                              {k: v.shape for k, v in weights.items()})
     optimizer = None
     if meta.get("zero_stage") and meta["kind"] == "dalle":
         names = [name for name, _ in meta_model("dalle", meta["configs"]["model"], "SOURCE",
@@ -426,6 +432,33 @@ def shared_names(model: nn.Module) -> list[list[str]]:
     for key, value in model.state_dict(keep_vars=True).items():
         groups.setdefault(id(value), []).append(key)
     return [names for names in groups.values() if len(names) > 1]
+
+
+def choose_weights(payload: dict[str, Any], choice: str, where: str
+                   ) -> tuple[dict[str, Any], str]:
+    """`payload` with its `weights` the set `choice` names, and which set that is ("ema" or
+    "trained"); the other set is left out. choice: "ema", "trained", or "auto" (the EMA
+    where the checkpoint holds one: train --ema_decay). `where` names the checkpoint in
+    a refusal.
+
+    The EMA holds each parameter once (a module shared by several layers under its first
+    name) and no buffers: the chosen set is the trained state dict with every parameter's
+    names, aliases included, given the average."""
+    ema = payload.get("ema_weights")
+    if choice == "ema" and not ema:
+        raise CheckpointError(f"{where} holds no EMA weights (it was trained without "
+                              "--ema_decay)", "take its trained weights: --weights trained")
+    rest = {k: v for k, v in payload.items() if k != "ema_weights"}
+    if not ema or choice == "trained":
+        return rest, "trained"
+    model = meta_model(payload["kind"], payload["configs"]["model"], where, Path())
+    expected = model.state_dict()
+    wrong = [k for k, v in ema.items() if k not in expected or v.shape != expected[k].shape]
+    if wrong:
+        raise CheckpointError(f"{where}: EMA weights do not match its config ({_listed(wrong)})",
+                              "the file was altered; take its trained weights: --weights "
+                              "trained (generate: --no_ema)")
+    return {**rest, "weights": with_ema(model, payload["weights"], ema)}, "ema"
 
 
 def verify_payload(payload: dict[str, Any], flag: str, path: Path) -> dict[str, int]:

@@ -13,6 +13,9 @@ from dalle_dist.checkpoint.taming import TamingConfig
 from dalle_dist.config_base import JsonOutput, add_flags, from_args
 from dalle_dist.data.config import TokenizerConfig
 
+#: `export --weights` (checkpoint.load.choose_weights; spelled here: that module imports torch)
+WEIGHT_CHOICES = ("auto", "ema", "trained")
+
 
 def add_checkpoint(p: argparse.ArgumentParser) -> None:
     p.description = ("Tools for dalle_dist checkpoints: a single NAME.pt file, a sharded "
@@ -65,6 +68,9 @@ def add_checkpoint(p: argparse.ArgumentParser) -> None:
                    default="safetensors", help="what to write (default safetensors)")
     q.add_argument("--safetensors", action="store_true", default=True,
                    help="the same as --format safetensors (the default)")
+    q.add_argument("--weights", choices=WEIGHT_CHOICES, default="auto",
+                   help="which weights of a DALL-E to write: ema (train --ema_decay's "
+                   "average), trained, or auto: ema where the checkpoint holds it (default)")
     q.add_argument("--force", action="store_true", help="replace existing output files")
     q.set_defaults(run=run_export)
 
@@ -123,13 +129,14 @@ def run_export(args: argparse.Namespace) -> int:
     if args.export_format == "dalle-pytorch":
         from dalle_dist.checkpoint.dalle_pytorch_export import write_export
 
-        obj = write_export(args.path, args.out, force=args.force)
+        obj = write_export(args.path, args.out, force=args.force, weights=args.weights)
         kind = "vae.pt" if "vae_params" not in obj else "dalle.pt"
         print(f"wrote {args.out}: a DALLE-pytorch {kind}, {len(obj['weights'])} tensors")
         return 0
     from dalle_dist.checkpoint.export import export_checkpoint
 
-    weights, config = export_checkpoint(args.path, args.out, force=args.force)
+    weights, config = export_checkpoint(args.path, args.out, force=args.force,
+                                        weights=args.weights)
     print(f"wrote {weights} ({weights.stat().st_size:,} bytes)")
     print(f"wrote {config}")
     return 0

@@ -36,7 +36,7 @@ from dalle_dist.errors import ConfigError
 from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
 from dalle_dist.model.vqgan import VQGANConfig
 from dalle_dist.plan.config import PlanConfig
-from dalle_dist.train.config import DalleRun, TrainConfig
+from dalle_dist.train.config import DalleRun, EMAConfig, TrainConfig
 
 #: the VAE flags that shape the DALL-E (the others only change how a VAE trains)
 _VAE_SHAPE = ("image_size", "num_tokens", "num_layers", "num_resnet_blocks", "codebook_dim",
@@ -77,6 +77,10 @@ def add_plan(p: argparse.ArgumentParser) -> None:
     plan = p.add_argument_group("plan")
     add_flags(plan, TrainConfig, only=["batch_size"],
               help={"batch_size": "global batch, split over the GPUs"})
+    add_flags(p, EMAConfig, only=["ema_decay"],
+              help={"ema_decay": "count train --ema_decay's fp32 average of the weights "
+                                 "(sharded where the weights are); its value changes "
+                                 "nothing else"})
     add_flags(plan, PlanConfig, exclude=["num_text_tokens"])
     add_flags(plan, JsonOutput,
               help={"json": "print one JSON object (its schema: docs/diagnose.md)"})
@@ -97,7 +101,8 @@ def run_plan(args: argparse.Namespace) -> int:
     rows = plan.estimate(dalle_cfg, args.batch_size, args.gpus, vae=stand_in,
                          precisions=precisions, device=args.device, attn_impl=args.attn_impl,
                          activation_checkpointing=args.activation_checkpointing,
-                         token_shards=bool(args.token_shards))
+                         token_shards=bool(args.token_shards),
+                         ema=args.ema_decay is not None)
     if vqgan is not None:
         rows = with_vqgan(rows, vqgan, stand_in, args.device, encodes=not args.token_shards)
     advice = plan.recommend(rows, memory)
@@ -196,6 +201,7 @@ def _report(dalle_cfg: object, vae_cfg: VAEConfig | VQGANConfig, rows: list,
         "usable_bytes": budget, "device": args.device,
         "activation_checkpointing": args.activation_checkpointing,
         "token_shards": bool(args.token_shards),
+        "ema": args.ema_decay is not None,
         "rows": [{"backend": r.backend, "zero_stage": r.zero_stage, "precision": r.precision,
                   "gpus": r.gpus, "micro_batch": r.micro_batch, "params": r.params,
                   "grads": r.grads, "optimizer": r.optimizer, "activations": r.activations,
@@ -252,7 +258,8 @@ def _human(report: dict) -> str:
         f"{report['parameters']['vae'] / 1e6:.2f}M (frozen); sequence {seq['length']} = "
         f"{seq['text']} text + {seq['image']} image - 1; layers: "
         + ", ".join(f"{n} x {k}" for k, n in counts.items()) + f" on {report['device']}"
-        + (", each checkpointed" if report["activation_checkpointing"] else ""),
+        + (", each checkpointed" if report["activation_checkpointing"] else "")
+        + (", with an EMA of the weights" if report["ema"] else ""),
         f"global batch {report['batch_size']} on {report['gpus']} GPU(s) of "
         f"{format_bytes(report['gpu_memory_bytes'], si=True)} "
         f"({format_bytes(report['gpu_memory_bytes'])}; a plan fills "

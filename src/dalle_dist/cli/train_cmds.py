@@ -26,6 +26,7 @@ from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
 from dalle_dist.train.config import (
     VAE_TRAIN_DEFAULTS,
     DalleRun,
+    EMAConfig,
     OptimizerConfig,
     ProfileConfig,
     ResumeConfig,
@@ -156,6 +157,7 @@ def add_train(p: argparse.ArgumentParser) -> None:
     add_flags(p, ProfileConfig)
     add_flags(p, DalleRun, only=["lr_decay"])
     add_flags(p, OptimizerConfig)
+    add_flags(p, EMAConfig)
     add_flags(p, VAEConfig, only=["image_size"],
               help={"image_size": "built-in shapes size when a VAE is trained first"})
     add_flags(p, DalleRun, only=["builtin_vae_epochs"])
@@ -172,7 +174,7 @@ def train_job(args: argparse.Namespace) -> TrainJob:
         resume=_resume_config(args, model), trackers=from_args(TrackerConfig, args),
         validation=from_args(ValidationConfig, args), profile=from_args(ProfileConfig, args),
         taming=from_args(TamingConfig, args), distributed=_distributed(args),
-        optim=from_args(OptimizerConfig, args))
+        optim=from_args(OptimizerConfig, args), ema=from_args(EMAConfig, args))
 
 
 def run_train(args: argparse.Namespace) -> int:

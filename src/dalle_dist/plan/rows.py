@@ -133,12 +133,15 @@ def _deepspeed_states(stage: int, p_bytes: int, params: int, n: int) -> tuple[in
 def estimate(config: DALLEConfig, batch: int, gpus: int, *, vae: VAEConfig | None = None,
              precisions: Sequence[str] = PRECISIONS, device: str = "cuda",
              attn_impl: str = "auto", activation_checkpointing: bool = False,
-             token_shards: bool = False) -> list[Row]:
+             token_shards: bool = False, ema: bool = False) -> list[Row]:
     """Memory per GPU of every backend x ZeRO stage x precision for a global `batch` split
     over `gpus` (the `single` row holds the whole batch on one GPU), with each block
     checkpointed under activation_checkpointing. token_shards: the batches are image
     token ids (train --token_shards), so no encode runs in the step; the image tokenizer's
-    weights stay (the sample grids decode with it)."""
+    weights stay (the sample grids decode with it). ema: train --ema_decay's fp32 copy of
+    the weights, 4 bytes per parameter divided as the parameters are (FSDP, ZeRO-3: over
+    the GPUs; everywhere else whole on each). AdamW keeps Adam's two moments: the same
+    optimizer bytes."""
     if vae is None:
         vae = VAEConfig(image_size=config.image_fmap_size * 4, num_tokens=config.num_image_tokens)
     check_plan(batch, gpus, precisions, device)
@@ -147,7 +150,7 @@ def estimate(config: DALLEConfig, batch: int, gpus: int, *, vae: VAEConfig | Non
         for backend, stage in BACKEND_ORDER:
             n = 1 if _terms(backend).one_gpu else gpus
             rows.append(_row(config, vae, backend, stage, precision, n, batch // n, device,
-                             attn_impl, activation_checkpointing, token_shards))
+                             attn_impl, activation_checkpointing, token_shards, ema))
     return rows
 
 
@@ -214,7 +217,7 @@ def _states(c: DALLEConfig, terms: PlanTerms, stage: int | None, p_bytes: int, n
 
 def _row(c: DALLEConfig, v: VAEConfig, backend: str, stage: int | None, precision: str,
          n: int, micro: int, device: str, attn_impl: str, checkpointing: bool = False,
-         token_shards: bool = False) -> Row:
+         token_shards: bool = False, ema: bool = False) -> Row:
     terms, kind = _terms(backend), PRECISION_KINDS[precision]
     cast = precision in terms.casts_model
     p_bytes = kind.itemsize if cast else 4
@@ -231,6 +234,10 @@ def _row(c: DALLEConfig, v: VAEConfig, backend: str, stage: int | None, precisio
                 **state.buffers}
     if device == "cuda":
         resident["cuda_context"] = CUDA_CONTEXT_BYTES
+    if ema:
+        sharded = terms.sharding == "fully_shard" or (terms.sharding == "zero" and stage == 3)
+        params = numel(shapes.values())
+        resident["ema"] = 4 * params // n if sharded else 4 * params
     # On CPU the loader's image batch is the model's input and stays referenced all step
     # (from token shards: the ids, widened to int64).
     image = 0 if device != "cpu" else (

@@ -265,6 +265,16 @@ class RunSetup:
         backend, train_cfg, log, payload = self.backend, self.train_cfg, self.log, self.payload
         meta = built_on_meta(task.model)
         engine = distribute(task, backend, train_cfg, payload)
+        if task.ema is not None:
+            engine.start_ema(task.ema, backend.rank, backend.world_size)
+            log.info(f"EMA weights: decay {task.ema.decay:g}, from step "
+                     f"{task.ema.start_step + 1}, every {task.ema.every} step(s); fp32, "
+                     + ("sharded like the parameters" if engine.shards_parameters
+                        else "one copy per rank") + "; sample grids, the fidelity check, "
+                     + ("validation " if engine.ema_swaps else "")
+                     + "and generate use them"
+                     + ("" if engine.ema_swaps else " (under ZeRO-3 validation measures the "
+                        "trained weights)"))
         if meta and engine.shards_parameters:
             log.info("the model was built on the meta device: each rank "
                      f"{'loaded' if payload is not None else 'initialised'} its own shards")
@@ -543,7 +553,8 @@ def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | No
                      backend.device, attn_impl, precision=backend.precision(),
                      activation_checkpointing=activation_checkpointing,
                      compile_backend=compile_backend, optim=job.optim,
-                     total_steps=train_cfg.epochs * (len(loader) // backend.ga_steps))
+                     total_steps=train_cfg.epochs * (len(loader) // backend.ga_steps),
+                     ema=job.ema)
     if run.payload is not None:
         note = check_same_optimizer(task.optim, run.payload["configs"].get("optimizer"),
                                     run.payload["loaded_from"], task.total_steps)
@@ -566,12 +577,13 @@ def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | No
     fidelity_images = job.run.fidelity_images
     if not (data_cfg.builtin and fidelity_images):
         return None
-    with backend.waiting("the weight gather for the fidelity check"):
-        model = inference_model(task, engine, backend)  # collective for sharded engines
-    if model is None:
-        return None
-    result = evaluate_fidelity(model, vae, tokenizer, fidelity_images, data_cfg.shapes_seed,
-                               backend.device)
+    with engine.ema_applied():  # --ema_decay: the average is what is measured
+        with backend.waiting("the weight gather for the fidelity check"):
+            model = inference_model(task, engine, backend)  # collective for sharded engines
+        if model is None:
+            return None
+        result = evaluate_fidelity(model, vae, tokenizer, fidelity_images,
+                                   data_cfg.shapes_seed, backend.device)
     save_png(make_grid(result.images), paths.samples / "fidelity.png")
     log.info(f"fidelity grid: {paths.samples / 'fidelity.png'}")
     log.info(result.line)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dalle_dist.backends.ema import EMASettings
 from dalle_dist.config_base import DictConfig, option, optional_float
 from dalle_dist.errors import ConfigError
 
@@ -162,6 +163,44 @@ class OptimizerConfig(DictConfig):
             raise ConfigError(f"--min_lr {min_lr:g} is above --learning_rate {learning_rate:g}",
                               "the schedule decays towards --min_lr")
         return replace(self, lr_schedule=schedule, weight_decay=weight_decay, min_lr=min_lr)
+
+
+@dataclass(frozen=True)
+class EMAConfig(DictConfig):
+    """`train --ema_decay`: an exponential moving average of the weights, which sample
+    grids, validation, the fidelity check and `generate` use (backends/ema.py). Saved in
+    the checkpoint (configs "ema") with the average itself."""
+
+    ema_decay: float | None = option(
+        None, "keep an exponential moving average of the weights with this decay (0.999 to "
+        "0.9999 for long runs: it averages about 1 / (1 - D) updates) and sample from it; "
+        "off by default", metavar="D", parse=optional_float, group="EMA weights")
+    ema_start_step: int = option(
+        0, "the average is the weights themselves up to this optimizer step, then starts "
+        "averaging (skips the fast-moving first steps)", metavar="N", group="EMA weights")
+    ema_every: int = option(
+        1, "average every N optimizer steps (each update still uses --ema_decay)",
+        metavar="N", group="EMA weights")
+
+    def validate(self) -> None:
+        if self.ema_decay is None:
+            if self.ema_start_step or self.ema_every != 1:
+                raise ConfigError("--ema_start_step and --ema_every need --ema_decay",
+                                  "add --ema_decay, e.g. --ema_decay 0.999")
+            return
+        if not 0.0 < self.ema_decay < 1.0:
+            raise ConfigError(f"--ema_decay must be in (0, 1), got {self.ema_decay:g}",
+                              "e.g. --ema_decay 0.999")
+        if self.ema_start_step < 0:
+            raise ConfigError(f"--ema_start_step must be >= 0, got {self.ema_start_step}")
+        if self.ema_every < 1:
+            raise ConfigError(f"--ema_every must be >= 1, got {self.ema_every}")
+
+    def settings(self) -> EMASettings | None:
+        """What the engine's EMA runs with; None without --ema_decay."""
+        if self.ema_decay is None:
+            return None
+        return EMASettings(self.ema_decay, self.ema_start_step, self.ema_every)
 
 
 #: train-vae: DALLE-pytorch's train_vae.py clips nothing

@@ -20,7 +20,7 @@ from dalle_dist.data.tokenizer import Tokenizer
 from dalle_dist.model import DALLE, DALLEConfig, ImageTokenizer
 from dalle_dist.model.init import WeightStream, initial_weights, on_meta
 from dalle_dist.train.compile import compile_blocks
-from dalle_dist.train.config import OptimizerConfig, TrainConfig
+from dalle_dist.train.config import EMAConfig, OptimizerConfig, TrainConfig
 from dalle_dist.train.optim import embedding_weights, make_optimizer
 from dalle_dist.train.schedule import make_lr_scheduler, scheduled_per_step
 from dalle_dist.train.task import Batch, Task
@@ -56,7 +56,8 @@ class DALLETask(Task):
                  activation_checkpointing: bool = False,
                  compile_backend: str | None = None,
                  optim: OptimizerConfig | None = None,
-                 total_steps: int | None = None) -> None:
+                 total_steps: int | None = None,
+                 ema: EMAConfig | None = None) -> None:
         """vae: the frozen image tokenizer (a DiscreteVAE or a taming VQGAN), saved
         whole in every checkpoint; precision: the run's (backend.precision()), whose
         autocast the frozen VAE encodes under; None: fp32. activation_checkpointing: the
@@ -65,12 +66,15 @@ class DALLETask(Task):
         compiled with it after checkpointing is set and before any backend wraps the
         model (train/compile.py); None: eager. optim: --optimizer and the learning-rate
         schedule (default: Adam, constant, or plateau with `lr_decay`); total_steps: the
-        run's optimizer steps, over which cosine and linear decay."""
+        run's optimizer steps, over which cosine and linear decay. ema: --ema_decay and
+        its options (None: no EMA)."""
         self.config, self.train, self.data = config, train, data
         self.precision = precision or Precision("fp32", device)
         self.learning_rate = train.learning_rate
         self.optim = (optim or OptimizerConfig()).resolved(lr_decay, train.learning_rate)
         self.total_steps = total_steps
+        self.ema_config = ema or EMAConfig()
+        self.ema = self.ema_config.settings()
         self.tokenizer, self.attn_impl = tokenizer, attn_impl
         self.vae = vae.to(device).eval().requires_grad_(False)
         self.model = self.build_model()
@@ -142,7 +146,8 @@ class DALLETask(Task):
         return {"model": self.config.to_dict(), "vae": self.vae.config.to_dict(),
                 "train": self.train.to_dict(), "data": self.data,
                 "tokenizer": self.tokenizer.to_dict(),
-                "optimizer": {**self.optim.to_dict(), "schedule_steps": self.total_steps}}
+                "optimizer": {**self.optim.to_dict(), "schedule_steps": self.total_steps},
+                "ema": self.ema_config.to_dict() if self.ema is not None else None}
 
     def extra_state(self) -> dict[str, Any]:
         return {"vae_weights": self.vae.state_dict()}

@@ -20,6 +20,7 @@ from dalle_dist.model.patterns import PatternOptions, build_pattern
 from dalle_dist.train.config import (
     VAE_TRAIN_DEFAULTS,
     DalleRun,
+    EMAConfig,
     OptimizerConfig,
     ProfileConfig,
     ResumeConfig,
@@ -57,6 +58,7 @@ class TrainJob:
     taming: TamingConfig = field(default_factory=TamingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    ema: EMAConfig = field(default_factory=EMAConfig)
 
     @property
     def continues(self) -> ResumeConfig:
@@ -69,7 +71,7 @@ class TrainJob:
         """Every check that needs no device, no file and no other rank: one `error:` line
         before anything starts."""
         for section in (self.run, self.train, self.resume, self.trackers, self.validation,
-                        self.taming, self.compute, self.optim):
+                        self.taming, self.compute, self.optim, self.ema):
             section.validate()
         self.optim.resolved(self.run.lr_decay, self.train.learning_rate)  # its refusals
         if self.compute.compile and self.profile.flops_profiler:

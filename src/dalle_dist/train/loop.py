@@ -99,10 +99,10 @@ def inference_model(task: Task, engine: Engine, backend: DistributedBackend) -> 
     """
     if not engine.shards_parameters:
         return engine.module if backend.is_root else None
-    state = engine.full_state_dict()
+    model = task.build_model()
+    state = engine.inference_state_dict(model)  # (with the EMA where it is not swapped in)
     if not backend.is_root:
         return None
-    model = task.build_model()
     if built_on_meta(model):
         # The gathered CPU tensors become the weights: no second full copy is allocated
         # (fp32 ones are moved as they are; 16-bit ones, DeepSpeed fp16's, are cast).
@@ -118,9 +118,11 @@ def write_samples(task: Task, engine: Engine, backend: DistributedBackend, batch
     """A sample grid, drawn on a forked RNG: how often samples are taken must not change
     the random numbers training sees (or a resumed run would diverge). The fork covers
     building the inference copy too: initialising its weights draws from the RNG.
-    The written PNG goes to the log's trackers as the image "samples" at `step`."""
+    The written PNG goes to the log's trackers as the image "samples" at `step`. With
+    --ema_decay the grid is drawn with the EMA weights."""
     device = backend.device
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    with (torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+          engine.ema_applied()):  # --ema_decay: drawn with the average
         if engine.samples_sharded:
             # every rank decodes its own captions through the shards: the same calls, so
             # the same gathers, on each; the root's grid is the one written
@@ -201,6 +203,8 @@ def optimizer_step(task: Task, engine: Engine, backend: DistributedBackend,
         with backend.waiting("the optimizer step"):
             grad_norm = engine.clip_and_step(config.clip_grad_norm)
             engine.zero_grad()
+            if engine.ema is not None:  # device work on this rank's own values
+                engine.ema.update(step)
     if grad_norm is not None:
         sums.add({"grad_norm": grad_norm})
     sums.steps += 1

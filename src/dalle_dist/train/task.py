@@ -16,6 +16,7 @@ from PIL import Image
 from torch import nn
 
 from dalle_dist.backends import Engine
+from dalle_dist.backends.ema import EMASettings
 from dalle_dist.model.init import WeightStream, materialise
 from dalle_dist.train.compile import CompiledBlocks
 from dalle_dist.train.optim import make_adam
@@ -31,6 +32,8 @@ class Task(ABC):
     learning_rate: float
     #: train --compile: the model's compiled blocks, which the loop times (None: eager)
     compiled: CompiledBlocks | None = None
+    #: --ema_decay: the EMA the engine keeps of the model's weights (None: none)
+    ema: EMASettings | None = None
 
     @abstractmethod
     def build_model(self) -> nn.Module:

@@ -62,11 +62,12 @@ def held_out_sums(task: Task, engine: Engine, device: torch.device,
 
 def validation_loss(task: Task, engine: Engine, backend: DistributedBackend,
                     held_out: HeldOut) -> float:
-    """The mean loss over every held-out sample of every rank; collective."""
+    """The mean loss over every held-out sample of every rank, with the EMA weights where
+    the engine keeps them (--ema_decay); collective."""
     device = backend.device
     module = engine.module
     with (torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
-          eval_mode(module)):
+          eval_mode(module), engine.ema_applied()):
         seed_pass(device)
         with backend.waiting("the validation pass"):
             sums = held_out_sums(task, engine, device, held_out.batches())
