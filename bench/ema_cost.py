@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 MODEL = ["--dim", "256", "--depth", "4", "--heads", "4", "--dim_head", "64",
-         "--text_seq_len", "32"]
+         "--text_seq_len", "32", "--truncate_captions"]
 
 
 def run_once(backend: str, ema: bool, steps: int, folder: Path) -> float:
