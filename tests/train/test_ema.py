@@ -22,6 +22,7 @@ from torch import nn
 from dalle_dist.backends.ema import EMA, EMAEntry, EMASettings
 from dalle_dist.checkpoint.tools import choose_weights
 from dalle_dist.errors import CheckpointError
+from tests.backends import runs
 from tests.backends.runs import Run
 from tests.conftest import TINY_DALLE_FLAGS, assert_user_error, run_cli
 
@@ -130,11 +131,11 @@ def test_resuming_without_the_flag_says_the_ema_is_dropped(trained: Callable[...
     """Both mismatches go on, each with a line: a checkpoint's EMA that the run will not
     keep, and an EMA asked of a checkpoint that holds none (started from its weights)."""
     ema = trained("single", "fp32").folder / "dalle.pt"
-    dropped = run_cli("train", "--resume", str(ema), *TINY_DALLE_FLAGS, "--epochs", "1",
-                      "--fidelity_images", "0", "--optimizer", "adamw", "--weight_decay",
-                      "0.5", "--lr_schedule", "cosine", "--warmup_steps", "2", "--min_lr",
-                      "1e-3", "--learning_rate", "3e-3", "--shapes_count", "80",
-                      "--batch_size", "16", "--dalle_output_file_name", "a", cwd=tmp_path)
+    ema_flags = len(runs.EMA)  # COMMON without them: the run that trained `ema`, less EMA
+    assert runs.COMMON[-ema_flags:] == list(runs.EMA)
+    dropped = run_cli("train", "--resume", str(ema), *runs.COMMON[:-ema_flags],
+                      "--batch_size", str(runs.BATCH), "--dalle_output_file_name", "a",
+                      cwd=tmp_path)
     assert dropped.returncode == 0, dropped.stderr[-3000:]
     assert "the checkpoint keeps EMA weights (--ema_decay 0.6) and this run has no " \
            "--ema_decay" in dropped.stdout + dropped.stderr

@@ -67,10 +67,8 @@ class EMA:
     replace a parameter's storage, never its values' meaning)."""
 
     def __init__(self, settings: EMASettings, entries: list[EMAEntry],
-                 sources: Callable[[], list[torch.Tensor]], rank: int = 0,
-                 world_size: int = 1) -> None:
+                 sources: Callable[[], list[torch.Tensor]]) -> None:
         self.settings, self.entries, self._sources = settings, entries, sources
-        self.rank, self.world_size = rank, world_size
         self.shadow = [s.detach().to(torch.float32, copy=True) for s in sources()]
 
     def _fp32_sources(self) -> list[torch.Tensor]:
@@ -113,7 +111,7 @@ class EMA:
         shape = entry.global_shape()
         return DTensor.from_local(local.view(-1) if entry.flat else local, entry.mesh,
                                   entry.placements, run_check=False, shape=shape,
-                                  stride=_contiguous_stride(shape))
+                                  stride=torch.empty(shape, device="meta").stride())
 
     def sharded_state(self) -> dict[str, torch.Tensor]:
         """Name -> this rank's EMA as DCP saves and loads it (in place: views of it)."""
@@ -162,14 +160,6 @@ class EMA:
         return missing
 
 
-def _contiguous_stride(shape: torch.Size) -> tuple[int, ...]:
-    stride, running = [], 1
-    for size in reversed(shape):
-        stride.append(running)
-        running *= size
-    return tuple(reversed(stride))
-
-
 def with_ema(model: nn.Module, weights: dict[str, torch.Tensor],
              ema: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A state dict of `model` (`weights`, with every name and the buffers) whose
@@ -177,11 +167,17 @@ def with_ema(model: nn.Module, weights: dict[str, torch.Tensor],
     module shared by several layers gets the EMA under every name it has, or
     load_state_dict would assign it whichever copy comes last."""
     merged = {**weights, **ema}
-    groups: dict[int, list[str]] = {}
-    for name, value in model.state_dict(keep_vars=True).items():
-        groups.setdefault(id(value), []).append(name)
-    for names in groups.values():
+    for names in shared_names(model):
         source = next((name for name in names if name in ema), None)
         for name in names if source is not None else ():
             merged[name] = ema[source]
     return merged
+
+
+def shared_names(model: nn.Module) -> list[list[str]]:
+    """state_dict names that are one tensor in `model` (a module shared by several layers
+    appears under each layer's name), in groups of two or more."""
+    groups: dict[int, list[str]] = {}
+    for key, value in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(value), []).append(key)
+    return [names for names in groups.values() if len(names) > 1]

@@ -179,15 +179,13 @@ class Engine:
 
     # -- EMA ---------------------------------------------------------------------------
 
-    def start_ema(self, settings: EMASettings, rank: int = 0, world_size: int = 1) -> EMA:
+    def start_ema(self, settings: EMASettings) -> None:
         """An EMA of the parameters as they are now (after a checkpoint's weights were
         loaded), kept on this engine; a checkpoint's own EMA replaces it on resume."""
-        entries, sources = self._ema_layout()
-        self.ema = EMA(settings, entries, sources, rank, world_size)
-        return self.ema
+        self.ema = EMA(settings, *self._ema_layout())
 
     #: whether ema_applied puts the EMA in the parameters' place (DeepSpeed ZeRO-3 does
-    #: not: its inference copies take it from ema_full_state instead)
+    #: not: its inference copies take it from inference_state_dict instead)
     ema_swaps: bool = True
 
     def ema_applied(self) -> AbstractContextManager[None]:

@@ -159,7 +159,7 @@ def write_export(path: str | Path, out: str | Path, force: bool = False,
                  weights: str = "auto") -> dict[str, Any]:
     """`checkpoint export PATH OUT --format dalle-pytorch`: OUT is a .pt file that
     DALLE-pytorch's generate.py (a DALL-E) or train_dalle.py --vae_path (a VAE) loads.
-    weights: auto, ema or trained (checkpoint.load.choose_weights)."""
+    weights: auto, ema or trained (checkpoint.tools.choose_weights)."""
     from dalle_dist.checkpoint.load import read_any_checkpoint
     from dalle_dist.checkpoint.tools import check_output, choose_weights, verify_payload
 

@@ -276,14 +276,18 @@ def load_ema_shards(engine: Engine, folder: Path) -> None:
     engine.ema.load_sharded_state(state["ema"])
 
 
-def read_ema_shards(folder: Path, shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
-    """save_ema_shards' folder whole, in this process alone, each tensor in its
-    parameter's shape (`shapes`: the consolidated weights')."""
+def tag_ema(directory: Path, tag: str, weights: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """{"ema_weights": ...} of a tag that holds save_ema_shards' folder ({} otherwise),
+    read whole in this process alone, each tensor in the shape of its parameter in
+    `weights` (the tag's consolidated weights)."""
     from dalle_dist.checkpoint.dcp_io import read_whole
 
+    folder = Path(directory) / tag / EMA_FOLDER
+    if not folder.is_dir():
+        return {}
     flat = read_whole(folder, {"ema"}).get("ema", {})
-    return {name: value.reshape(shapes[name]) for name, value in flat.items()
-            if name in shapes}
+    return {"ema_weights": {name: value.reshape(weights[name].shape)
+                            for name, value in flat.items() if name in weights}}
 
 
 def make_universal(tag_dir: Path, out: Path, flag: str) -> None:

@@ -58,7 +58,7 @@ def export_checkpoint(path: str | Path, out: str | Path, force: bool = False,
                       flag: str = "PATH", weights: str = "auto") -> tuple[Path, Path]:
     """Write OUT.safetensors (weights, keys prefixed `dalle.` / `vae.`) and OUT.json
     (configs and provenance) from a checkpoint of either kind; returns both paths.
-    weights: auto, ema or trained (checkpoint.load.choose_weights); the JSON says which."""
+    weights: auto, ema or trained (checkpoint.tools.choose_weights); the JSON says which."""
     from safetensors.torch import save_file
 
     path = Path(path)

@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from dalle_dist.checkpoint.deepspeed_dir import (
-    EMA_FOLDER,
     consolidated_weights,
     is_ds_checkpoint_dir,
     read_ds_meta,
-    read_ema_shards,
+    tag_ema,
 )
 from dalle_dist.checkpoint.format import check_kind, read_checkpoint_file
 from dalle_dist.checkpoint.sharded_dir import (
@@ -53,11 +52,8 @@ def read_any_checkpoint(path: str | Path, flag: str, keep_ds_dir: bool = False,
         return {**meta, "weights": None, "optimizer": None}
     weights = consolidated_weights(meta["ds_dir"], meta["ds_tag"], flag)
     rest = {k: v for k, v in meta.items() if k not in ("ds_dir", "ds_tag")}
-    ema_folder = Path(meta["ds_dir"]) / meta["ds_tag"] / EMA_FOLDER
-    if ema_folder.is_dir():
-        rest["ema_weights"] = read_ema_shards(ema_folder, {k: v.shape for k, v in
-                                                           weights.items()})
-    return {**rest, "weights": weights, "optimizer": None}
+    return {**rest, **tag_ema(meta["ds_dir"], meta["ds_tag"], weights), "weights": weights,
+            "optimizer": None}
 
 
 def load_checkpoint(path: str | Path, flag: str, kind: str, keep_ds_dir: bool = False,

@@ -44,7 +44,6 @@ from dalle_dist.checkpoint.sharded_dir import (
     is_sharded_dir,
     load_into_engine,
     read_sharded_meta,
-    saved_keys,
     sharded_checkpoint_dir,
 )
 from dalle_dist.checkpoint.single_file import HISTORY_PATTERN, history_dir
@@ -357,16 +356,17 @@ def restore_training(payload: dict[str, Any], engine: Engine, backend: Distribut
     Called last before the loop, so no setup step draws from the restored RNG.
     """
     why = engine.load_training_state(payload)
+    loaded: set[str] = set()  # what a sharded save brought with its shards
     if "ds_dir" in payload:
         load_ds_checkpoint(engine, payload, backend, log)
     if "sharded_dir" in payload:
         with backend.waiting("the sharded checkpoint load"):
-            with_optimizer = load_into_engine(engine, payload["sharded_dir"])
-        why = None if with_optimizer or payload.get("step", 0) == 0 else (
+            loaded = load_into_engine(engine, payload["sharded_dir"])
+        why = None if "optim" in loaded or payload.get("step", 0) == 0 else (
             "the checkpoint holds none")
     if why:
         log.info(f"warning: the optimizer starts fresh ({why})")
-    restore_ema(payload, engine, log)
+    restore_ema(payload, engine, log, sharded_ema="ema" in loaded)
     state = LoopState.from_checkpoint(payload)
     seek_in_epoch(state, payload, backend, batch_size, log)
     exact = restore_rank_rng(payload["rng"], backend.rank, backend.world_size,
@@ -381,9 +381,10 @@ def restore_training(payload: dict[str, Any], engine: Engine, backend: Distribut
     return state
 
 
-def restore_ema(payload: dict[str, Any], engine: Engine, log: Log) -> None:
+def restore_ema(payload: dict[str, Any], engine: Engine, log: Log,
+                sharded_ema: bool = False) -> None:
     """The checkpoint's EMA into the engine's (--ema_decay), from whichever form it holds
-    it in: a sharded save's `ema` entries (already loaded with the model's shards), a
+    it in: a sharded save's `ema` entries (sharded_ema: loaded with its shards), a
     DeepSpeed tag's `ema/` shards, or a single file's whole `ema_weights`. A checkpoint
     without one leaves the EMA the resumed weights; a run without --ema_decay drops the
     checkpoint's, and says so."""
@@ -396,7 +397,7 @@ def restore_ema(payload: dict[str, Any], engine: Engine, log: Log) -> None:
                      "will hold none; add the flag to keep them")
         return
     if "sharded_dir" in payload:
-        found = "ema" in saved_keys(payload["sharded_dir"])  # loaded with the shards
+        found = sharded_ema
     elif "ds_dir" in payload:
         folder = Path(payload["ds_dir"]) / payload["ds_tag"] / EMA_FOLDER
         found = folder.is_dir()

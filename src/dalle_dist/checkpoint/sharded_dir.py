@@ -161,23 +161,22 @@ def write_sharded(directory: Path, payload: dict[str, Any]) -> str:
     return name
 
 
-def load_into_engine(engine: Engine, folder: str | Path) -> bool:
+def load_into_engine(engine: Engine, folder: str | Path) -> set[str]:
     """The model and optimizer state of one save, and its EMA where both the save and the
     engine have one, into a running engine, each rank reading only the shards it holds
-    (DCP reshards to this run's world size). Collective. Returns whether the save held
-    optimizer state (none before the first step)."""
+    (DCP reshards to this run's world size). Collective. Returns what it loaded of
+    "model", "optim" (none before the first step) and "ema"."""
     from torch.distributed.checkpoint import load
 
     from dalle_dist.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, dcp_errors
 
     saved = saved_keys(folder)
-    with_optimizer = "optim" in saved
-    state = engine.sharded_state(with_optimizer=with_optimizer, with_ema="ema" in saved)
+    state = engine.sharded_state(with_optimizer="optim" in saved, with_ema="ema" in saved)
     with dcp_errors(f"--resume {folder} could not be loaded into this model",
                     "resume with the model flags it was saved with"):
         load(state, storage_reader=SafeReader(str(folder)), planner=SafeLoadPlanner())
     engine.load_sharded_state(state)
-    return with_optimizer
+    return set(state)
 
 
 def publish_save(directory: Path, name: str, keep_n: int | None) -> None:

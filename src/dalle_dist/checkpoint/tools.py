@@ -23,10 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from dalle_dist.backends.ema import with_ema
+from dalle_dist.backends.ema import shared_names, with_ema
 from dalle_dist.checkpoint.deepspeed_dir import (
     AUXILIARY_FILE,
-    EMA_FOLDER,
     UNIVERSAL_SUFFIX,
     consolidated_weights,
     group_parameter_names,
@@ -34,7 +33,7 @@ from dalle_dist.checkpoint.deepspeed_dir import (
     latest_tag,
     make_universal,
     read_ds_meta,
-    read_ema_shards,
+    tag_ema,
     tag_order,
     universal_optimizer,
 )
@@ -343,9 +342,7 @@ def _from_ds_dir(ds_dir: Path) -> dict[str, Any]:
     tag = meta["ds_tag"]
     weights = consolidated_weights(ds_dir, tag, "SOURCE")
     rest = {k: v for k, v in meta.items() if k not in ("ds_dir", "ds_tag")}
-    if (ds_dir / tag / EMA_FOLDER).is_dir():
-        rest["ema_weights"] = read_ema_shards(ds_dir / tag / EMA_FOLDER,
-                                              {k: v.shape for k, v in weights.items()})
+    rest.update(tag_ema(ds_dir, tag, weights))
     optimizer = None
     if meta.get("zero_stage") and meta["kind"] == "dalle":
         names = [name for name, _ in meta_model("dalle", meta["configs"]["model"], "SOURCE",
@@ -423,15 +420,6 @@ def check_weights(name: str, weights: Any, model: nn.Module, flag: str, path: Pa
                     "checkpoint")
             duplicates += weights[other].numel()
     return sum(t.numel() for t in weights.values()) - duplicates
-
-
-def shared_names(model: nn.Module) -> list[list[str]]:
-    """state_dict names that are one tensor in `model` (a module shared by several layers
-    appears under each layer's name), in groups of two or more."""
-    groups: dict[int, list[str]] = {}
-    for key, value in model.state_dict(keep_vars=True).items():
-        groups.setdefault(id(value), []).append(key)
-    return [names for names in groups.values() if len(names) > 1]
 
 
 def choose_weights(payload: dict[str, Any], choice: str, where: str

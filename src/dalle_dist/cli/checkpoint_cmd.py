@@ -13,7 +13,7 @@ from dalle_dist.checkpoint.taming import TamingConfig
 from dalle_dist.config_base import JsonOutput, add_flags, from_args
 from dalle_dist.data.config import TokenizerConfig
 
-#: `export --weights` (checkpoint.load.choose_weights; spelled here: that module imports torch)
+#: `export --weights` (checkpoint.tools.choose_weights; spelled here: that module imports torch)
 WEIGHT_CHOICES = ("auto", "ema", "trained")
 
 

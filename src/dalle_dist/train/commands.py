@@ -266,7 +266,7 @@ class RunSetup:
         meta = built_on_meta(task.model)
         engine = distribute(task, backend, train_cfg, payload)
         if task.ema is not None:
-            engine.start_ema(task.ema, backend.rank, backend.world_size)
+            engine.start_ema(task.ema)
             log.info(f"EMA weights: decay {task.ema.decay:g}, from step "
                      f"{task.ema.start_step + 1}, every {task.ema.every} step(s); fp32, "
                      + ("sharded like the parameters" if engine.shards_parameters
