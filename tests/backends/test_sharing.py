@@ -108,12 +108,13 @@ def test_checkpoint_tools_export_and_resume_keep_the_ties(trained: Callable[...,
                        f"{key} differ"):
         verify_payload(tampered, "PATH", path)
 
-    export_checkpoint(path, tmp_path / "export")
+    export_checkpoint(path, tmp_path / "export")  # the EMA: runs.COMMON has --ema_decay
     sampler = load_sampler(tmp_path / "export.json", torch.device("cpu"))
     blocks = sampler.model.transformer.blocks
     assert blocks[0].attn is blocks[2].attn
+    # the tied input embedding is a view of the output projection's EMA, not its own copy
     assert torch.equal(sampler.model.image_emb.weight,
-                       run.payload["weights"]["to_logits.weight"][-32:])
+                       run.payload["ema_weights"]["to_logits.weight"][-32:])
 
     result = run_cli("train", "--resume", str(path), *COMMON, *SHARED, "--epochs", "2",
                      "--batch_size", str(BATCH), "--dalle_output_file_name",

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from dalle_dist.backends.placement import rank_chunk
+
 
 @dataclass(frozen=True)
 class EMASettings:
@@ -152,9 +154,7 @@ class EMA:
                 missing.append(entry.name)
                 continue
             full = full.detach().to(torch.float32).reshape(entry.global_shape())
-            if entry.mesh is not None:  # (fsdp imports the engine, which imports this)
-                from dalle_dist.backends.fsdp import rank_chunk
-
+            if entry.mesh is not None:
                 full = rank_chunk(full, entry.mesh.get_local_rank(), entry.mesh.size())
             shadow.copy_(full.reshape(shadow.shape))
         return missing

@@ -43,6 +43,7 @@ from torch import nn
 
 from dalle_dist.backends.ema import EMAEntry
 from dalle_dist.backends.engine import Engine, OptimizerFactory, SchedulerFactory, parameter_digest
+from dalle_dist.backends.placement import rank_chunk
 from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.precision import Precision
 from dalle_dist.backends.precision_kinds import PRECISION_KINDS
@@ -68,15 +69,6 @@ def mixed_precision_policy(precision_name: str) -> MixedPrecisionPolicy:
 
     dtype = PRECISION_KINDS[precision_name].dtype
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-
-
-def rank_chunk(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
-    """`rank`'s part of `full` under FSDP2's Shard(0): torch.chunk's split, with ranks past
-    the last chunk holding an empty one (a dimension smaller than the world)."""
-    chunks = torch.chunk(full, world_size, dim=0)
-    if rank < len(chunks):
-        return chunks[rank]
-    return full.new_empty((0, *full.shape[1:]))
 
 
 def shard_onto(module: nn.Module, units: Sequence[nn.Module | list[nn.Module]],

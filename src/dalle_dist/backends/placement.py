@@ -55,3 +55,12 @@ def check_explicit_gpu(requested: torch.device, local_ranks: int, gpus: int) -> 
                       f"{gpus} visible GPUs would put every rank on GPU {requested.index}",
                       "pass --device cuda (each rank takes its own GPU, cuda:LOCAL_RANK), or "
                       "leave --device out")
+
+
+def rank_chunk(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """`rank`'s part of `full` under FSDP2's Shard(0): torch.chunk's split, with ranks past
+    the last chunk holding an empty one (a dimension smaller than the world)."""
+    chunks = torch.chunk(full, world_size, dim=0)
+    if rank < len(chunks):
+        return chunks[rank]
+    return full.new_empty((0, *full.shape[1:]))
