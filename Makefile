@@ -19,6 +19,8 @@ DEEPSPEED := $(VENV)/.installed-deepspeed
 REFERENCE := dalle-pytorch==1.6.6 rotary-embedding-torch==0.9.1 axial_positional_embedding==0.3.12 \
 	ftfy==6.3.1 regex wcwidth
 GPU_CHECK_OUT ?= gpu-acceptance.json
+# torch-fidelity's source (see the engines step)
+FIDELITY_SRC := $(VENV)/reference/torch-fidelity
 
 # The suite runs on two pytest-xdist workers: the 2-rank launch tests in one (in order, so
 # two launches never share the two cores), the single-process tests in the other
@@ -41,7 +43,7 @@ $(DEEPSPEED): $(BASE)
 
 $(ENGINES): $(BASE) scripts/build_horovod.sh
 	scripts/build_horovod.sh $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev,deepspeed,horovod,webdataset,tensorboard,wandb]'
+	$(BIN)/pip install --quiet -e '.[dev,deepspeed,horovod,webdataset,tensorboard,wandb,fid,clip]'
 	# the yttm extra: youtokentome's build imports Cython (and setuptools) without declaring them
 	$(BIN)/pip install --quiet Cython setuptools wheel
 	$(BIN)/pip install --quiet --no-build-isolation 'youtokentome>=1.0.6'
@@ -50,6 +52,12 @@ $(ENGINES): $(BASE) scripts/build_horovod.sh
 	# default tokenizer ftfy and regex; --no-deps keeps out torchvision, DALL-E, taming and
 	# transformers
 	$(BIN)/pip install --quiet --no-deps $(REFERENCE)
+	# torch-fidelity's source, unpacked and not installed (it imports torchvision, and an
+	# installed copy makes torchmetrics take that path): tests/train/test_quality.py checks
+	# model/inception.py against its Inception network
+	rm -rf $(FIDELITY_SRC) && mkdir -p $(FIDELITY_SRC)
+	$(BIN)/pip download --quiet --no-deps --dest $(FIDELITY_SRC) torch-fidelity==0.4.0
+	$(BIN)/python -m zipfile -e $(FIDELITY_SRC)/torch_fidelity-0.4.0-py3-none-any.whl $(FIDELITY_SRC)
 	touch $(ENGINES)
 
 # Trains a VAE (or reuses the cached one) and DALL-E on the built-in shapes, then prints

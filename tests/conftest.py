@@ -53,7 +53,7 @@ RANK_FILES = frozenset(f"tests/{name}.py" for name in (
     "backends/test_node_local_files", "backends/test_multinode", "backends/test_compile",
     "backends/test_sharded_checkpoints", "backends/test_ds_resharding",
     "backends/test_sharded_memory", "backends/test_token_shards", "test_selftest",
-    "backends/test_dalle_pytorch_import",
+    "backends/test_dalle_pytorch_import", "backends/test_quality_ranks",
 ))
 #: The longest of them, and those that time a wait (a hung peer, a run stopped after step
 #: k): under pytest-xdist (`make test`) one worker runs them first and in this order, so
@@ -188,6 +188,18 @@ def build_once(tmp_path_factory: pytest.TempPathFactory, name: str,
             build(folder)
             built.touch()
     return folder
+
+
+@pytest.fixture(scope="session")
+def quality_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """train --fid_weights and --clip_dir's stand-ins (tests/train/quality_files.py):
+    FOLDER/tiny.pt and FOLDER/clip/, built once per test run."""
+    from tests.train.quality_files import tiny_clip, tiny_extractor
+
+    def build(folder: Path) -> None:
+        tiny_extractor(folder / "tiny.pt")
+        tiny_clip(folder / "clip")
+    return build_once(tmp_path_factory, "quality-files", build)
 
 
 @pytest.fixture(scope="session")

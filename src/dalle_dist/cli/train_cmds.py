@@ -29,6 +29,7 @@ from dalle_dist.train.config import (
     EMAConfig,
     OptimizerConfig,
     ProfileConfig,
+    QualityConfig,
     ResumeConfig,
     TrackerConfig,
     TrainConfig,
@@ -158,6 +159,7 @@ def add_train(p: argparse.ArgumentParser) -> None:
     add_flags(p, DalleRun, only=["lr_decay"])
     add_flags(p, OptimizerConfig)
     add_flags(p, EMAConfig)
+    add_flags(p, QualityConfig)
     add_flags(p, VAEConfig, only=["image_size"],
               help={"image_size": "built-in shapes size when a VAE is trained first"})
     add_flags(p, DalleRun, only=["builtin_vae_epochs"])
@@ -174,7 +176,8 @@ def train_job(args: argparse.Namespace) -> TrainJob:
         resume=_resume_config(args, model), trackers=from_args(TrackerConfig, args),
         validation=from_args(ValidationConfig, args), profile=from_args(ProfileConfig, args),
         taming=from_args(TamingConfig, args), distributed=_distributed(args),
-        optim=from_args(OptimizerConfig, args), ema=from_args(EMAConfig, args))
+        optim=from_args(OptimizerConfig, args), ema=from_args(EMAConfig, args),
+        quality=from_args(QualityConfig, args))
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -65,3 +65,8 @@ class HeldOutLoader:
         """The batch the sample grids draw their captions from (the same every time)."""
         return self.collate([self.dataset[i] for i in range(min(self.batch_size,
                                                                   self.samples))])
+
+    def head(self, count: int) -> Any:
+        """The first `count` held-out samples (fewer if it holds fewer) as one batch, the
+        same on any rank and world size (train --eval_every_n_steps draws them)."""
+        return self.collate([self.dataset[i] for i in range(min(count, self.samples))])

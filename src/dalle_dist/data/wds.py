@@ -333,10 +333,19 @@ class WebDatasetHeldOut:
         batch = next(self._loader(), None)
         if batch is not None:
             return batch
+        return next(self._everywhere(self.batch_size))
+
+    def _everywhere(self, batch_size: int) -> Iterator[Any]:
+        """The held-out samples of all shards, in shard order, in batches."""
         import webdataset as wds
 
         everywhere = [str(s.path) for s in self.source.index]
         pipeline = self.source.pipeline(everywhere, True).map(
             self.convert, handler=wds.warn_and_continue)
-        return next(iter(torch.utils.data.DataLoader(
-            pipeline, batch_size=self.batch_size, collate_fn=self.source.collate)))
+        return iter(torch.utils.data.DataLoader(pipeline, batch_size=batch_size,
+                                                collate_fn=self.source.collate))
+
+    def head(self, count: int) -> Any:
+        """The first `count` held-out samples of all shards (fewer if they hold fewer) as
+        one batch, the same on any rank and world size."""
+        return next(self._everywhere(count), None)

@@ -42,7 +42,7 @@ from dalle_dist.data import (
 from dalle_dist.data.images import make_grid, save_png
 from dalle_dist.data.loader import check_num_workers, default_num_workers
 from dalle_dist.data.token_shards import manifest_sha256, read_manifest
-from dalle_dist.data.tokenizer import load_tokenizer
+from dalle_dist.data.tokenizer import Tokenizer, load_tokenizer
 from dalle_dist.errors import ConfigError, DataError, OutputError, Stopped
 from dalle_dist.model import DALLEConfig, ImageTokenizer, VAEConfig
 from dalle_dist.model.attention_paths import flex_dropout_error
@@ -65,6 +65,7 @@ from dalle_dist.train.evaluate import evaluate_fidelity
 from dalle_dist.train.flops import profile_step
 from dalle_dist.train.job import TrainJob, TrainVAEJob
 from dalle_dist.train.loop import DeviceSums, inference_model, optimizer_step, train
+from dalle_dist.train.quality import QualityEval, eval_set
 from dalle_dist.train.run_log import RunLog
 from dalle_dist.train.task import Task
 from dalle_dist.train.trackers import Tracker, open_trackers
@@ -218,6 +219,7 @@ class RunSetup:
     payload: dict[str, Any] | None  # the checkpoint continued from; None: a fresh run
     trackers: TrackerConfig = field(default_factory=TrackerConfig)
     val_every_n_steps: int = 0  # --val_every_n_steps, when the loader holds data out
+    quality: QualityEval | None = None  # --eval_every_n_steps
     checkpoint_format: str | None = None  # full, sharded or native (checkpoint/formats.py)
     saved_to: Path | None = None  # where train() saved: the file or the format's directory
 
@@ -299,7 +301,7 @@ class RunSetup:
         failed = True  # a W&B run that ends in an error is marked failed
         try:
             train(task, engine, backend, loader, train_cfg, self.paths, log, state,
-                  checkpointer, self.val_every_n_steps)
+                  checkpointer, self.val_every_n_steps, self.quality)
             checkpointer.wait()  # the last background save is on disk before the run ends
             failed = False
         except Stopped:  # a preempted run saved and resumes: it did not fail
@@ -496,6 +498,34 @@ def encode(job: EncodeJob, backend: DistributedBackend, cache_dir: Path | None =
         job.run.builtin_vae_epochs, job.tf32))
 
 
+def start_evaluation(quality: QualityEval, job: TrainJob, loader: Loader, vae: ImageTokenizer,
+                     tokenizer: Tokenizer, text_seq_len: int, data_cfg: DataConfig,
+                     backend: DistributedBackend, log: RunLog) -> None:
+    """--eval_every_n_steps: sampling's parts on every rank; the captions and the real
+    images' features on the root, before the model is built (its errors reach every
+    rank, train/quality.py)."""
+    quality.bind(vae, tokenizer, text_seq_len, loader.batch_size)
+    device = backend.device
+
+    @torch.no_grad()
+    def decode(tokens: torch.Tensor) -> torch.Tensor:  # token shards: pixels of the real part
+        return vae.decode(tokens.long().to(device)).float().cpu()
+
+    def prepare() -> str:
+        data = eval_set(job.quality, getattr(loader, "held_out", None), data_cfg.builtin,
+                        data_cfg.image_size, data_cfg.channels, data_cfg.shapes_seed, decode)
+        quality.prepare(data, data_cfg.image_size, device)
+        real = len(data.real) if data.real is not None else 0
+        measured = [name for name, on in (
+            (f"FID against {real} real images", quality.fid is not None),
+            ("CLIP score", quality.clip is not None),
+            ("caption fidelity", data.shapes)) if on]
+        return (f"evaluation every {quality.every} steps and at the end: "
+                f"{len(data.captions)} images; {', '.join(measured)}")
+
+    log.info(backend.on_root("the evaluation set", prepare))
+
+
 def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | None = None
                 ) -> float | None:
     """Train DALL-E; returns the caption fidelity on built-in data (None elsewhere, and
@@ -514,6 +544,10 @@ def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | No
     # Before anything is trained or written: a bad tokenizer file must not wait for the
     # built-in VAE's training.
     requested = backend.everywhere("the tokenizer load", lambda: load_tokenizer(tokenizer_cfg))
+    quality = QualityEval(job.quality) if job.quality.measures else None
+    if quality is not None:  # the metrics' files, loaded (or refused) on the root
+        backend.on_root("the image-quality metrics' files",
+                        lambda: quality.load_files(backend.device))
     paths = RunPaths.for_output(job.run.dalle_output_file_name)
     log = RunLog(paths.metrics, backend.is_root, loss_plot=paths.loss_plot)
     run = RunSetup.begin("dalle", "--dalle_output_file_name", backend, train_cfg, resume,
@@ -547,6 +581,11 @@ def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | No
     loader = run.loader(lambda workers: checked_loader(
         data_cfg, train_cfg, backend, collate, tokenizer, model_cfg.text_seq_len, log,
         workers, validation.val_fraction), data_cfg, "--image_text_folder")
+
+    if quality is not None:
+        start_evaluation(quality, job, loader, vae, tokenizer, model_cfg.text_seq_len,
+                         data_cfg, backend, log)
+        run.quality = quality
 
     activation_checkpointing = job.compute.activation_checkpointing
     task = DALLETask(model_cfg, vae, tokenizer, train_cfg, data_record, job.run.lr_decay,

@@ -203,6 +203,56 @@ class EMAConfig(DictConfig):
         return EMASettings(self.ema_decay, self.ema_start_step, self.ema_every)
 
 
+@dataclass(frozen=True)
+class QualityConfig(DictConfig):
+    """`train --eval_every_n_steps`: images sampled for fixed captions at a cadence and
+    scored offline, from files the user gives (train/quality.py). Nothing is downloaded:
+    many clusters cannot, and a metric must not depend on it."""
+
+    eval_every_n_steps: int = option(
+        0, "every N optimizer steps and at the end, sample --eval_images images for the "
+        "evaluation captions (held out with --val_fraction, else --eval_captions; built-in "
+        "data: held-out scenes) and log their FID (--fid_weights), CLIP score (--clip_dir) "
+        "and, on built-in data, caption fidelity; 0: off", metavar="N",
+        group="image-quality metrics")
+    eval_images: int = option(
+        64, "images per evaluation (FID needs 2 or more; its value depends on the count: "
+        "compare runs at equal counts)", metavar="N", group="image-quality metrics")
+    fid_weights: str | None = option(
+        None, "FID from this local Inception file: torch-fidelity's / pytorch-fid's "
+        "weights-inception-2015-12-05-6726825d.pth, or a TorchScript or torch.export module "
+        "mapping uint8 images [N, 3, H, W] to features [N, D] (clean-fid's "
+        "inception-2015-12-05.pt); the real images are the held-out ones",
+        metavar="PATH", group="image-quality metrics")
+    clip_dir: str | None = option(
+        None, "CLIP score from this local Hugging Face CLIP directory (config.json, weights, "
+        "tokenizer; e.g. a saved openai/clip-vit-base-patch32); needs transformers",
+        metavar="PATH", group="image-quality metrics")
+    eval_captions: str | None = option(
+        None, "a text file of evaluation captions, one per line, instead of held-out ones",
+        metavar="PATH", group="image-quality metrics")
+
+    @property
+    def measures(self) -> bool:
+        return self.eval_every_n_steps > 0
+
+    def validate(self) -> None:
+        if self.eval_every_n_steps < 0:
+            raise ConfigError(f"--eval_every_n_steps must be >= 0, got "
+                              f"{self.eval_every_n_steps}", "0 turns the evaluation off")
+        given = [flag for flag, value in (("--fid_weights", self.fid_weights),
+                                          ("--clip_dir", self.clip_dir),
+                                          ("--eval_captions", self.eval_captions)) if value]
+        if given and not self.measures:
+            raise ConfigError(f"{given[0]} needs --eval_every_n_steps",
+                              "e.g. --eval_every_n_steps 1000")
+        minimum = 2 if self.fid_weights else 1
+        if self.eval_images < minimum:
+            raise ConfigError(f"--eval_images must be >= {minimum}"
+                              + (" with --fid_weights (FID needs a covariance)"
+                                 if self.fid_weights else "") + f", got {self.eval_images}")
+
+
 #: train-vae: DALLE-pytorch's train_vae.py clips nothing
 VAE_TRAIN_DEFAULTS = TrainConfig(epochs=5, clip_grad_norm=None)
 

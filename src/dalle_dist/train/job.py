@@ -23,6 +23,7 @@ from dalle_dist.train.config import (
     EMAConfig,
     OptimizerConfig,
     ProfileConfig,
+    QualityConfig,
     ResumeConfig,
     TrackerConfig,
     TrainConfig,
@@ -59,6 +60,7 @@ class TrainJob:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     ema: EMAConfig = field(default_factory=EMAConfig)
+    quality: QualityConfig = field(default_factory=QualityConfig)
 
     @property
     def continues(self) -> ResumeConfig:
@@ -71,8 +73,9 @@ class TrainJob:
         """Every check that needs no device, no file and no other rank: one `error:` line
         before anything starts."""
         for section in (self.run, self.train, self.resume, self.trackers, self.validation,
-                        self.taming, self.compute, self.optim, self.ema):
+                        self.taming, self.compute, self.optim, self.ema, self.quality):
             section.validate()
+        self._check_quality()
         self.optim.resolved(self.run.lr_decay, self.train.learning_rate)  # its refusals
         if self.compute.compile and self.profile.flops_profiler:
             raise ConfigError("--flops_profiler cannot count a compiled step: its FLOP "
@@ -100,6 +103,25 @@ class TrainJob:
         if resume.source is None:  # a resumed model's depth is the checkpoint's: checked later
             check_shared_ids(self.model.get("depth", 0), self.model.get("attn_types", ()),
                              self.model.get("shared_attn_ids"), self.model.get("shared_ff_ids"))
+
+    def _check_quality(self) -> None:
+        """--eval_every_n_steps needs captions to draw and something to measure; FID
+        needs real images. Built-in data has all three (held-out scenes, the caption
+        fidelity scorer)."""
+        quality, held_out = self.quality, self.validation.val_fraction > 0
+        if not quality.measures or self.data.builtin:
+            return
+        if not (quality.fid_weights or quality.clip_dir):
+            raise ConfigError("--eval_every_n_steps has nothing to measure on this data",
+                              "give --fid_weights PATH and/or --clip_dir PATH (the caption "
+                              "fidelity scorer knows only the built-in shapes)")
+        if quality.fid_weights and not held_out:
+            raise ConfigError("--fid_weights compares the samples with held-out images",
+                              "hold some data out, e.g. --val_fraction 0.05")
+        if not (held_out or quality.eval_captions):
+            raise ConfigError("--eval_every_n_steps needs captions to draw",
+                              "hold some data out (--val_fraction 0.05) or give "
+                              "--eval_captions FILE")
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from torch import nn
@@ -30,6 +31,11 @@ from dalle_dist.train.preemption import stop_on_signals, stop_requested, stop_si
 from dalle_dist.train.run_log import RunLog
 from dalle_dist.train.task import Batch, Task
 from dalle_dist.train.validation import validation_due, validation_loss
+
+if TYPE_CHECKING:  # the evaluation's type only: its metrics' imports are the run's choice
+    from dalle_dist.train.quality import QualityEval
+
+T = TypeVar("T")
 
 #: How often (in optimizer steps) the ranks agree on a stop signal when --log_every_n_steps
 #: is 0; otherwise they agree at every log step.
@@ -113,35 +119,60 @@ def inference_model(task: Task, engine: Engine, backend: DistributedBackend) -> 
     return model
 
 
-def write_samples(task: Task, engine: Engine, backend: DistributedBackend, batch: Batch,
-                  path: Path, log: RunLog | None = None, step: int = 0) -> None:
-    """A sample grid, drawn on a forked RNG: how often samples are taken must not change
-    the random numbers training sees (or a resumed run would diverge). The fork covers
-    building the inference copy too: initialising its weights draws from the RNG.
-    The written PNG goes to the log's trackers as the image "samples" at `step`. With
-    --ema_decay the grid is drawn with the EMA weights."""
+def on_inference_model(task: Task, engine: Engine, backend: DistributedBackend, what: str,
+                       work: Callable[[nn.Module], T]) -> T | None:
+    """`work(model)` with the weights sampling uses (the EMA with --ema_decay), drawn on a
+    forked RNG: how often samples are taken must not change the random numbers training
+    sees (or a resumed run would diverge). The fork covers building the inference copy
+    too: initialising its weights draws from the RNG. Its result on the root, None
+    elsewhere. Collective: an engine that samples through its shards runs `work` on every
+    rank (the same calls, so the same gathers); the others gather the weights to the
+    root, which works alone."""
     device = backend.device
     with (torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
           engine.ema_applied()):  # --ema_decay: drawn with the average
         if engine.samples_sharded:
-            # every rank decodes its own captions through the shards: the same calls, so
-            # the same gathers, on each; the root's grid is the one written
-            with backend.waiting(f"the sample grid {path.name}"):
-                grid = task.sample_grid(engine.module, batch, device)
+            with backend.waiting(what):
+                result = work(engine.module)
                 engine.end_sampling()
-            if not backend.is_root:
-                return
-        else:
-            with backend.waiting(f"the sample grid {path.name}"):
-                model = inference_model(task, engine, backend)
-            if model is None:
-                return
-            with engine.working_alone():
-                grid = task.sample_grid(model, batch, device)
+            return result if backend.is_root else None
+        with backend.waiting(what):
+            model = inference_model(task, engine, backend)
+        if model is None:
+            return None
         with engine.working_alone():
-            save_png(grid, path)
-            if log is not None:
-                log.image("samples", path, step)
+            return work(model)
+
+
+def write_samples(task: Task, engine: Engine, backend: DistributedBackend, batch: Batch,
+                  path: Path, log: RunLog | None = None, step: int = 0) -> None:
+    """A sample grid for `batch`'s captions (on_inference_model), written by the root;
+    the PNG goes to the log's trackers as the image "samples" at `step`."""
+    grid = on_inference_model(task, engine, backend, f"the sample grid {path.name}",
+                              lambda model: task.sample_grid(model, batch, backend.device))
+    if grid is None:
+        return
+    with engine.working_alone():
+        save_png(grid, path)
+        if log is not None:
+            log.image("samples", path, step)
+
+
+def evaluate_quality(task: Task, engine: Engine, backend: DistributedBackend,
+                     quality: QualityEval, path: Path, log: RunLog, step: int
+                     ) -> dict[str, float] | None:
+    """--eval_every_n_steps: one image per evaluation caption (on_inference_model), the
+    grid of them written to `path`, their metrics (train/quality.py) on the root; None
+    elsewhere."""
+    device = backend.device
+    images = on_inference_model(task, engine, backend, f"the evaluation at step {step}",
+                                lambda model: quality.sample(model, device))
+    if images is None:
+        return None
+    with engine.working_alone():
+        save_png(quality.grid(images), path)
+        log.image("evaluation", path, step)
+        return quality.score(images, device)
 
 
 def check_replicas(engine: Engine, backend: DistributedBackend, log: RunLog) -> list[str]:
@@ -214,13 +245,15 @@ def train(task: Task, engine: Engine, backend: DistributedBackend,
           data: EpochLoader | WebDatasetLoader,
           config: TrainConfig, paths: RunPaths, log: RunLog,
           state: LoopState | None = None, checkpointer: Checkpointer | None = None,
-          val_every_n_steps: int = 0) -> LoopState:
+          val_every_n_steps: int = 0, quality: QualityEval | None = None) -> LoopState:
     """Train from `state` to the last epoch; raises Stopped after saving if signalled.
 
     When `data.held_out` holds a validation part (--val_fraction), its loss is measured
     at each epoch end and every `val_every_n_steps` optimizer steps (0: epoch ends only),
     logged as a metrics record {step, epoch, val_loss}; the sample grids then draw their
-    captions from it.
+    captions from it. quality: --eval_every_n_steps's evaluation, logged as a record
+    {step, epoch, fid, clip_score, caption_fidelity} (those it measures) at its cadence
+    and at the last step.
 
     checkpointer: when and how often to save (checkpoint/checkpointer.py); by default one
     that saves before the first step, every --save_every_n_steps, at each epoch end and
@@ -234,7 +267,7 @@ def train(task: Task, engine: Engine, backend: DistributedBackend,
     try:
         with stop_on_signals():
             return _train(task, engine, backend, data, config, paths, log,
-                          state or LoopState(), checkpointer, val_every_n_steps)
+                          state or LoopState(), checkpointer, val_every_n_steps, quality)
     finally:
         log.end_progress()  # an error line printed next starts on a line of its own
 
@@ -242,7 +275,7 @@ def train(task: Task, engine: Engine, backend: DistributedBackend,
 def _train(task: Task, engine: Engine, backend: DistributedBackend,
            data: EpochLoader | WebDatasetLoader, config: TrainConfig, paths: RunPaths,
            log: RunLog, state: LoopState, checkpointer: Checkpointer,
-           val_every_n_steps: int = 0) -> LoopState:
+           val_every_n_steps: int = 0, quality: QualityEval | None = None) -> LoopState:
     """One optimizer step = --ga_steps micro-batches. The step itself never waits for the
     device: its numbers stay there (DeviceSums) until a sync point, a log step, a save, an
     epoch's end or a stop check, brings them over in one all-reduce."""
@@ -300,6 +333,12 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
                 # a sync point of its own, at its cadence only: one all-reduce per pass
                 log.metrics({"step": state.step, "epoch": epoch,
                              "val_loss": validation_loss(task, engine, backend, held_out)})
+            last = epoch_done and epoch == config.epochs - 1
+            if quality is not None and quality.due(state.step, last):
+                record = evaluate_quality(task, engine, backend, quality, paths.samples
+                                          / f"eval-step-{state.step:07d}.png", log, state.step)
+                if record is not None:
+                    log.metrics({"step": state.step, "epoch": epoch, **record})
             if config.sample_every_n_steps and state.step % config.sample_every_n_steps == 0:
                 if held_out is not None and grid_batch is None and backend.is_root:
                     grid_batch = held_out.first_batch()
