@@ -53,7 +53,7 @@ RANK_FILES = frozenset(f"tests/{name}.py" for name in (
     "backends/test_node_local_files", "backends/test_multinode", "backends/test_compile",
     "backends/test_sharded_checkpoints", "backends/test_ds_resharding",
     "backends/test_sharded_memory", "backends/test_token_shards", "test_selftest",
-    "backends/test_dalle_pytorch_import", "backends/test_quality_ranks",
+    "backends/test_dalle_pytorch_import", "backends/test_quality_ranks", "slurm/test_slurm",
 ))
 #: The longest of them, and those that time a wait (a hung peer, a run stopped after step
 #: k): under pytest-xdist (`make test`) one worker runs them first and in this order, so
@@ -89,6 +89,16 @@ def _queue_place(item: pytest.Item) -> tuple[int, int]:
     if path in LONG_FILES:
         return 1, LONG_FILES.index(path)
     return (2, 0) if path in RANK_FILES else (3, 0)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The one skip the suite allows: the real-Slurm tests on a machine without
+    slurm-wlm (tests/slurm/test_slurm.py), said in one line."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if "tests/slurm/" in getattr(r, "nodeid", "")]
+    if skipped:
+        terminalreporter.write_line(f"{len(skipped)} Slurm tests not run: Slurm is not "
+                                    "installed (apt-get install slurm-wlm)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -19,6 +19,7 @@ from torch import nn
 from dalle_dist.backends.contract import DistributedBackend
 from dalle_dist.backends.engine import Engine, OptimizerFactory, SchedulerFactory
 from dalle_dist.backends.plan_terms import PlanTerms
+from dalle_dist.backends.slurm import check_horovod_launch
 from dalle_dist.backends.torch_dist import set_cpu_threads
 from dalle_dist.backends.verdict import Verdict, error_line, installed_version
 from dalle_dist.model.init import WeightStream, placed
@@ -138,6 +139,7 @@ class HorovodBackend(DistributedBackend):
     def initialize(self) -> None:
         import horovod.torch as hvd
 
+        check_horovod_launch()  # plain srun: every task would be a world of one
         self.bound_waits()
         hvd.init()
         self.rank, self.world_size = hvd.rank(), hvd.size()

@@ -1,7 +1,8 @@
 """What the torch.distributed backends (torch DDP, FSDP) share: joining from torchrun's env.
 
 torchrun (and any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
-MASTER_PORT) starts the processes; gloo carries CPU tensors, nccl CUDA ones.
+MASTER_PORT) starts the processes, or srun, whose task variables become those
+(backends/slurm.py); gloo carries CPU tensors, nccl CUDA ones.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from dalle_dist.backends.contract import DistributedBackend
+from dalle_dist.backends.slurm import adopt_step_env
 from dalle_dist.backends.verdict import Verdict
 from dalle_dist.errors import ConfigError
 
@@ -72,6 +74,7 @@ class TorchDistributedBackend(DistributedBackend):
         return Verdict(True)
 
     def initialize(self) -> None:
+        adopt_step_env()  # srun as the launcher: its task's variables (backends/slurm.py)
         missing = [name for name in LAUNCH_ENV if name not in os.environ]
         if missing:
             raise ConfigError(

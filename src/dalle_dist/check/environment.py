@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dalle_dist.backends import slurm
 from dalle_dist.backends.precision_kinds import DEFAULT_PRECISION, PRECISIONS
 from dalle_dist.backends.registry import (
     BACKENDS,
@@ -188,4 +189,15 @@ def report(backend: str | None = None, precision: str | None = None) -> dict[str
         "precisions": precisions,
         "requested": {"backend": chosen_backend, "precision": chosen_precision,
                       "usable": requested},
+        "slurm": slurm_facts(),
     }
+
+
+def slurm_facts() -> dict[str, Any] | None:
+    """The Slurm job this runs in (backends/slurm.py); None outside one."""
+    job = slurm.current_job()
+    if job is None:
+        return None
+    return {"job_id": job.job_id, "nodes": job.nodes, "tasks": job.tasks,
+            "gpus_per_task": job.gpus_per_task, "requeue": job.requeue,
+            "step": slurm.in_step(), "line": job.line}

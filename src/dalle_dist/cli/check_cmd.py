@@ -73,6 +73,8 @@ def lines(info: dict[str, Any]) -> list[str]:
     else:
         out.append("device        cpu (torch sees no GPU)")
     out.append(f"bf16 / fp16   {_yes(t['bf16'])} / {_yes(t['fp16'])}")
+    job = info.get("slurm")
+    out.append(f"slurm         {job['line']}" if job else "slurm         not in a Slurm job")
     groups = ", ".join(f"{k} {_yes(v)}" for k, v in t["process_groups"].items())
     out.append(f"torch.distributed  {groups}")
     size = "missing" if shm["bytes"] is None else f"{shm['bytes'] / 2**30:.1f} GB"

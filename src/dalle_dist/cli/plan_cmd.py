@@ -35,7 +35,7 @@ from dalle_dist.data.config import DataConfig, TokenizerConfig
 from dalle_dist.errors import ConfigError
 from dalle_dist.model.config import ComputeConfig, DALLEConfig, VAEConfig
 from dalle_dist.model.vqgan import VQGANConfig
-from dalle_dist.plan.config import PlanConfig
+from dalle_dist.plan.config import PlanConfig, SbatchConfig
 from dalle_dist.train.config import DalleRun, EMAConfig, TrainConfig
 
 #: the VAE flags that shape the DALL-E (the others only change how a VAE trains)
@@ -82,6 +82,7 @@ def add_plan(p: argparse.ArgumentParser) -> None:
                                  "(sharded where the weights are); its value changes "
                                  "nothing else"})
     add_flags(plan, PlanConfig, exclude=["num_text_tokens"])
+    add_flags(p, SbatchConfig)
     add_flags(plan, JsonOutput,
               help={"json": "print one JSON object (its schema: docs/diagnose.md)"})
     p.set_defaults(run=run_plan)
@@ -91,6 +92,9 @@ def run_plan(args: argparse.Namespace) -> int:
     from dalle_dist import plan
     from dalle_dist.plan.vqgan import stand_in_vae, with_vqgan
 
+    sbatch = from_args(SbatchConfig, args)
+    if sbatch.sbatch:
+        _sbatch_gpus(args, sbatch)
     dalle_cfg, vae_cfg, vqgan = _configs(args)
     precisions = (plan.PRECISIONS if args.precisions is None else
                   tuple(x.strip() for x in args.precisions.split(",") if x.strip()))
@@ -106,12 +110,78 @@ def run_plan(args: argparse.Namespace) -> int:
     if vqgan is not None:
         rows = with_vqgan(rows, vqgan, stand_in, args.device, encodes=not args.token_shards)
     advice = plan.recommend(rows, memory)
+    if sbatch.sbatch:
+        print(_sbatch_script(rows, args, sbatch, memory, advice))
+        return 0
     report = _report(dalle_cfg, vqgan or vae_cfg, rows, args, memory, advice)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(_human(report))
     return 0
+
+
+#: plan flags that are not train's, or that the script writes itself
+_NOT_TRAIN = {"batch_size", "precisions", "device", "gpus", "gpu_memory", "json",
+              "num_text_tokens", "dalle_path", *(f.name for f in flag_fields(SbatchConfig))}
+
+
+def _sbatch_gpus(args: argparse.Namespace, sbatch: SbatchConfig) -> None:
+    """--sbatch plans for --nodes x --gpus_per_node GPUs (a --gpus that says otherwise is
+    refused) and for a new run (not --dalle_path's checkpoint)."""
+    sbatch.validate()
+    if args.dalle_path:
+        raise ConfigError("--sbatch writes a new run's script, and --dalle_path sizes a "
+                          "checkpoint", "give the model flags instead of --dalle_path")
+    gpus = sbatch.nodes * sbatch.gpus_per_node
+    if "gpus" in args.given and args.gpus != gpus:
+        raise ConfigError(f"--gpus {args.gpus} but --nodes {sbatch.nodes} x --gpus_per_node "
+                          f"{sbatch.gpus_per_node} = {gpus}", "drop --gpus with --sbatch")
+    args.gpus = gpus
+
+
+def _train_flags(args: argparse.Namespace) -> list[str]:
+    """The flags given to plan that `train` takes too, written as train's."""
+    from dalle_dist.cli import build_parser
+    from dalle_dist.cli.parser import subcommand_parser
+
+    plan = subcommand_parser(build_parser(["plan"]), "plan")
+    train = subcommand_parser(build_parser(["train"]), "train")
+    assert plan is not None and train is not None
+    train_actions = {a.dest: a for a in train._actions if a.option_strings}
+    flags: list[str] = []
+    for action in plan._actions:
+        dest = action.dest
+        target = train_actions.get(dest)
+        if dest not in args.given or dest in _NOT_TRAIN or target is None:
+            continue
+        value = getattr(args, dest)
+        if isinstance(target, argparse._StoreTrueAction):
+            flags += [target.option_strings[0]] if value else []
+        elif value is not None:
+            shown = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else value
+            flags += [target.option_strings[0], str(shown)]
+    return flags
+
+
+def _sbatch_script(rows: list, args: argparse.Namespace, sbatch: SbatchConfig, memory: int,
+                   advice: str) -> str:
+    import shlex
+    import sys
+
+    from dalle_dist import plan
+    from dalle_dist.plan.sbatch import SbatchJob, chosen_row, script
+
+    row = chosen_row(rows, args.batch_size, args.gpus, int(memory * plan.USABLE_FRACTION))
+    if row is None:
+        raise ConfigError(f"no backend takes batch {args.batch_size} on {args.gpus} GPU(s): "
+                          f"{advice}", "lower --batch_size, or add --nodes / --gpus_per_node")
+    job = SbatchJob(sbatch.nodes, sbatch.gpus_per_node, args.device == "cuda",
+                    sbatch.signal_margin, sbatch.time, sbatch.partition, sbatch.job_name,
+                    sys.executable)
+    plan_line = "dalle-dist plan " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["plan"]
+                                                else sys.argv[1:])
+    return script(row, job, _train_flags(args), args.batch_size, sbatch.output, plan_line)
 
 
 def _configs(args: argparse.Namespace) -> tuple[DALLEConfig, VAEConfig, VQGANConfig | None]:

@@ -65,6 +65,7 @@ from dalle_dist.train.evaluate import evaluate_fidelity
 from dalle_dist.train.flops import profile_step
 from dalle_dist.train.job import TrainJob, TrainVAEJob
 from dalle_dist.train.loop import DeviceSums, inference_model, optimizer_step, train
+from dalle_dist.train.preemption import requeue_after_stop
 from dalle_dist.train.quality import QualityEval, eval_set
 from dalle_dist.train.run_log import RunLog
 from dalle_dist.train.task import Task
@@ -307,6 +308,10 @@ class RunSetup:
         except Stopped:  # a preempted run saved and resumes: it did not fail
             checkpointer.wait()
             failed = False
+            # every rank's save is on disk before a requeue ends the job's processes
+            backend.barrier("the saves before the stop")
+            if backend.is_root:
+                requeue_after_stop(log.info)
             raise
         finally:
             log.close(failed)

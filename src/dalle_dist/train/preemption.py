@@ -1,22 +1,32 @@
 """SIGTERM and SIGINT end training cleanly: finish the step, save, exit 0.
 
 Schedulers (Slurm, Kubernetes, spot instances) and launchers (torchrun, the deepspeed
-launcher) send SIGTERM, then SIGKILL after a grace period. The handler only records the
-signal; the loop reads the record after each step and, since the signal may reach one
-rank only or reach ranks at different steps, all ranks agree at the next sync point (the
-metrics all-reduce, train/loop.py) before they stop together at the same step. A second
-Ctrl-C interrupts at once.
+launcher) send SIGTERM, then SIGKILL after a grace period. Inside a Slurm job, SIGUSR1
+and SIGUSR2 do the same: the warning a job asks for before its time limit
+(`#SBATCH --signal=USR1@120`, as `plan --sbatch` writes it); after such a stop the job
+requeues itself when it was submitted with --requeue (requeue_after_stop).
+
+The handler only records the signal; the loop reads the record after each step and,
+since the signal may reach one rank only or reach ranks at different steps, all ranks
+agree at the next sync point (the metrics all-reduce, train/loop.py) before they stop
+together at the same step. A second Ctrl-C interrupts at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
+from dalle_dist.backends import slurm
+
 _received: list[str] = []
+#: the signals a Slurm job asks for before its time limit; outside Slurm they keep their
+#: default action (they end the process)
+REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 def stop_requested() -> bool:
@@ -44,9 +54,29 @@ def stop_on_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, _handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signals = [signal.SIGTERM, signal.SIGINT, *(REQUEUE_SIGNALS if slurm.in_job() else ())]
+    previous = {sig: signal.signal(sig, _handle) for sig in signals}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def requeue_after_stop(say: Callable[[str], None]) -> None:
+    """On the root, after a stop by SIGUSR1/SIGUSR2 inside a Slurm job has saved on every
+    rank: `scontrol requeue` the job when it was submitted with --requeue (it then
+    restarts its script, whose `--resume auto` continues from the save), and say what
+    happened. A SIGTERM stop (scancel, preemption) is not requeued: a cancel stays one,
+    and Slurm requeues a preempted job by itself when it is configured to."""
+    name = stop_signal_name()
+    if not slurm.in_job() or name not in {s.name for s in REQUEUE_SIGNALS}:
+        return
+    job = os.environ["SLURM_JOB_ID"]
+    if slurm.job_field(job, "Requeue") != "1":
+        say(f"Slurm job {job} was not submitted with --requeue: submit it again to continue "
+            "(its command has --resume auto, or add it)")
+        return
+    failed = slurm.requeue(job)
+    say(f"Slurm job {job} requeued: it restarts and continues from the save" if not failed
+        else f"warning: scontrol requeue {job} failed ({failed}): submit the job again")
