@@ -5,10 +5,14 @@ one-node Slurm, and checks the parser against `scontrol show hostnames`.
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from dalle_dist.backends import slurm
 from dalle_dist.errors import ConfigError
+from dalle_dist.train.preemption import stop_on_signals, stop_requested, stop_signal_name
 
 #: Node lists users met, with where (each broke a parser there), and their hosts.
 REAL_NODELISTS = [
@@ -86,3 +90,16 @@ def test_horovod_under_plain_srun_is_refused_with_the_command_that_works() -> No
     assert "horovodrun -np $SLURM_NTASKS" in (caught.value.fix or "")
     slurm.check_horovod_launch(step(HOROVOD_RANK="5"))  # horovodrun started it
     slurm.check_horovod_launch({})
+
+
+def test_usr1_stops_training_only_inside_a_slurm_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside a job, SIGUSR1 is recorded like SIGTERM (a save at the next step); outside,
+    stop_on_signals leaves it alone (its default action: the process ends)."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with stop_on_signals():
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    with stop_on_signals():
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop_requested() and stop_signal_name() == "SIGUSR1"
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
