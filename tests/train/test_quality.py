@@ -149,8 +149,6 @@ def test_missing_and_wrong_files_are_refused_in_one_line(quality_files: Path,
      "--eval_every_n_steps has nothing to measure on this data"),
     ({"eval_every_n_steps": 5, "fid_weights": "i.pth"}, {"image_text_folder": "pics"},
      "--fid_weights compares the samples with held-out images"),
-    ({"eval_every_n_steps": 5, "clip_dir": "clip"}, {"image_text_folder": "pics"},
-     "--eval_every_n_steps needs captions to draw"),
 ])
 def test_flags_that_cannot_measure_are_refused(quality: dict, data: dict, message: str) -> None:
     from dalle_dist.data import DataConfig
@@ -232,11 +230,11 @@ def test_the_evaluation_set_is_the_first_held_out_samples_on_any_rank(tmp_path: 
     """A folder and WebDataset shards with --val_fraction: whichever rank of 1 or 2 builds
     it, the evaluation set is the same held-out images and captions (not the rank's
     share: an FID curve must not move with the rank count of a resumed run), and
-    --eval_captions replaces the captions only."""
+    --eval_captions replaces the captions only; without a held-out part, the fixed list."""
     from dalle_dist.data import CaptionCollate, DataConfig, make_loader
     from dalle_dist.data.tokenizer import ByteTokenizer
     from dalle_dist.data.wds import WebDatasetLoader
-    from dalle_dist.train.quality import eval_set
+    from dalle_dist.train.quality import FIXED_CAPTIONS, eval_set
     from tests.data.test_split import _folder
     from tests.data.test_wds import write_shards
 
@@ -271,3 +269,7 @@ def test_the_evaluation_set_is_the_first_held_out_samples_on_any_rank(tmp_path: 
                         held_out("folder", 0, 1), False, 16, 3, 0, None)
     assert replaced.captions == ["a red circle", "a blue square"]
     assert torch.equal(replaced.real, firsts["folder"].real)
+    # no held-out part: the fixed list, cycled, and no real images (CLIP score only)
+    fixed = eval_set(QualityConfig(eval_every_n_steps=1, eval_images=20, clip_dir="c"), None,
+                     False, 16, 3, 0, None)
+    assert fixed.captions == [*FIXED_CAPTIONS, *FIXED_CAPTIONS[:4]] and fixed.real is None

@@ -211,9 +211,10 @@ class QualityConfig(DictConfig):
 
     eval_every_n_steps: int = option(
         0, "every N optimizer steps and at the end, sample --eval_images images for the "
-        "evaluation captions (held out with --val_fraction, else --eval_captions; built-in "
-        "data: held-out scenes) and log their FID (--fid_weights), CLIP score (--clip_dir) "
-        "and, on built-in data, caption fidelity; 0: off", metavar="N",
+        "evaluation captions (--eval_captions, else the held-out ones of --val_fraction, "
+        "else the built-in data's held-out scenes, else a fixed list of 16) and log their "
+        "FID (--fid_weights), CLIP score (--clip_dir) and, on built-in data, caption "
+        "fidelity; 0: off", metavar="N",
         group="image-quality metrics")
     eval_images: int = option(
         64, "images per evaluation (FID needs 2 or more; its value depends on the count: "
@@ -229,7 +230,7 @@ class QualityConfig(DictConfig):
         "tokenizer; e.g. a saved openai/clip-vit-base-patch32); needs transformers",
         metavar="PATH", group="image-quality metrics")
     eval_captions: str | None = option(
-        None, "a text file of evaluation captions, one per line, instead of held-out ones",
+        None, "a text file of evaluation captions, one per line (the first --eval_images)",
         metavar="PATH", group="image-quality metrics")
 
     @property

@@ -105,9 +105,8 @@ class TrainJob:
                              self.model.get("shared_attn_ids"), self.model.get("shared_ff_ids"))
 
     def _check_quality(self) -> None:
-        """--eval_every_n_steps needs captions to draw and something to measure; FID
-        needs real images. Built-in data has all three (held-out scenes, the caption
-        fidelity scorer)."""
+        """--eval_every_n_steps needs something to measure, and FID real images. Built-in
+        data has both (held-out scenes, the caption fidelity scorer)."""
         quality, held_out = self.quality, self.validation.val_fraction > 0
         if not quality.measures or self.data.builtin:
             return
@@ -118,10 +117,6 @@ class TrainJob:
         if quality.fid_weights and not held_out:
             raise ConfigError("--fid_weights compares the samples with held-out images",
                               "hold some data out, e.g. --val_fraction 0.05")
-        if not (held_out or quality.eval_captions):
-            raise ConfigError("--eval_every_n_steps needs captions to draw",
-                              "hold some data out (--val_fraction 0.05) or give "
-                              "--eval_captions FILE")
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,27 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 #: images per CLIP or feature-extractor forward
 CHUNK = 32
+#: the captions drawn when the data holds none out and --eval_captions gives none
+#: (folder or WebDataset data without --val_fraction: CLIP score only): everyday scenes
+#: of the kind web-scale caption sets hold, cycled up to --eval_images
+FIXED_CAPTIONS = (
+    "a photo of a dog sitting on a wooden floor",
+    "a red double-decker bus on a city street",
+    "a bowl of fruit on a kitchen table",
+    "a mountain lake at sunrise",
+    "a person riding a bicycle along the beach",
+    "a cup of coffee next to an open book",
+    "a cat sleeping on a sofa",
+    "a lighthouse on a rocky coast",
+    "a plate of pasta with tomato sauce",
+    "a snowy forest with tall pine trees",
+    "a yellow taxi in the rain",
+    "an old brick house with a green door",
+    "a group of people walking in a park",
+    "a sailboat on calm blue water",
+    "a close-up of a sunflower",
+    "a train crossing a bridge over a river",
+)
 
 
 def to_uint8(images: torch.Tensor) -> torch.Tensor:
@@ -279,8 +300,9 @@ def eval_set(config: QualityConfig, held_out: Any, builtin: bool, image_size: in
              channels: int, shapes_seed: int, decode: Callable[[torch.Tensor], torch.Tensor]
              ) -> EvalSet:
     """The captions and real images: the first --eval_images held-out samples, else (on
-    built-in data) as many held-out scenes of the fidelity check; --eval_captions
-    replaces the captions. `decode`: token shards' image tokens -> pixels."""
+    built-in data) as many held-out scenes of the fidelity check, else FIXED_CAPTIONS
+    and no real images; --eval_captions replaces the captions. `decode`: token shards'
+    image tokens -> pixels."""
     count = config.eval_images
     captions: list[str] = []
     real = None
@@ -291,7 +313,9 @@ def eval_set(config: QualityConfig, held_out: Any, builtin: bool, image_size: in
             images = decode(images) if not images.is_floating_point() else images
             real = to_uint8(images)
             captions = list(captions)
-    elif builtin:
+    elif not builtin:
+        captions = [FIXED_CAPTIONS[i % len(FIXED_CAPTIONS)] for i in range(count)]
+    else:
         scenes = ShapesDataset(count, image_size, shapes_seed + HELD_OUT_SEED_OFFSET,
                                channels)
         pairs = [scenes[i] for i in range(count)]
@@ -393,5 +417,6 @@ class QualityEval:
         return make_grid(images.float() / 255, nrow=8, min_cell=0)
 
 
-__all__ = ["EVAL_SEED", "ClipScorer", "EvalSet", "ModuleFeatures", "QualityEval", "eval_set",
-           "fid_metric", "load_fid_extractor", "probe_extractor", "read_captions", "to_uint8"]
+__all__ = ["EVAL_SEED", "FIXED_CAPTIONS", "ClipScorer", "EvalSet", "ModuleFeatures",
+           "QualityEval", "eval_set", "fid_metric", "load_fid_extractor", "probe_extractor",
+           "read_captions", "to_uint8"]
