@@ -32,7 +32,7 @@ from dalle_dist.train.run_log import RunLog
 from dalle_dist.train.task import Batch, Task
 from dalle_dist.train.validation import validation_due, validation_loss
 
-if TYPE_CHECKING:  # the evaluation's type only: its metrics' imports are the run's choice
+if TYPE_CHECKING:  # (its type only: the loop runs without the metrics module)
     from dalle_dist.train.quality import QualityEval
 
 T = TypeVar("T")
