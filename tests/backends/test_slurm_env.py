@@ -103,3 +103,13 @@ def test_usr1_stops_training_only_inside_a_slurm_job(monkeypatch: pytest.MonkeyP
         os.kill(os.getpid(), signal.SIGUSR1)
         assert stop_requested() and stop_signal_name() == "SIGUSR1"
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+
+
+def test_the_single_backend_under_srun_of_several_tasks_is_refused() -> None:
+    """`srun -n 8 python -m dalle_dist train` without a backend flag would start 8 runs
+    on the same files; one task, or torchrun's ranks inside a job, are fine."""
+    with pytest.raises(ConfigError, match="srun started 8 tasks, and the single backend"):
+        slurm.check_single_launch(step())
+    slurm.check_single_launch(step(SLURM_STEP_NUM_TASKS="1", SLURM_NTASKS="1"))
+    slurm.check_single_launch(step(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"))
+    slurm.check_single_launch({})

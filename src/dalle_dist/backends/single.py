@@ -12,6 +12,7 @@ from dalle_dist.backends.contract import DistributedBackend
 from dalle_dist.backends.engine import Engine, OptimizerFactory, SchedulerFactory
 from dalle_dist.backends.plan_terms import PlanTerms
 from dalle_dist.backends.precision_kinds import DEFAULT_PRECISION
+from dalle_dist.backends.slurm import check_single_launch
 from dalle_dist.model.init import WeightStream, placed
 
 
@@ -28,7 +29,7 @@ class SingleBackend(DistributedBackend):
                                      precision=precision))
 
     def initialize(self) -> None:
-        pass
+        check_single_launch()  # srun -n 2 without a backend: two runs on the same files
 
     def distribute(self, module: nn.Module, make_optimizer: OptimizerFactory,
                    make_scheduler: SchedulerFactory,

@@ -141,6 +141,18 @@ def check_horovod_launch(environ: Mapping[str, str] = os.environ) -> None:
             "python -m dalle_dist train ... (or srun --mpi=pmix with an MPI build of Horovod)")
 
 
+def check_single_launch(environ: Mapping[str, str] = os.environ) -> None:
+    """`srun -n N` (N > 1) with the default single backend would start N runs, each
+    training alone and writing the same files: refused, naming the flag."""
+    tasks = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS", "1")
+    if in_step(environ) and tasks.isdigit() and int(tasks) > 1 and not any(
+            name in environ for name in TORCHRUN_ENV):
+        raise ConfigError(
+            f"srun started {tasks} tasks, and the single backend would train alone in each "
+            "(writing the same files)", "add --distributed_backend torch (or fsdp, or "
+            "--deepspeed), or run one task: srun -n 1")
+
+
 @dataclass(frozen=True)
 class SlurmJob:
     """What `check` reports of the Slurm job it runs in."""
@@ -203,6 +215,5 @@ def requeue(job_id: str, timeout: float = 30.0) -> str:
 
 
 __all__ = ["PORT_BASE", "PORT_SPAN", "SlurmJob", "adopt_step_env", "check_horovod_launch",
-           "current_job",
-           "expand_nodelist", "in_job", "in_step", "job_field", "requeue", "step_launch_env",
-           "tasks_per_node"]
+           "check_single_launch", "current_job", "expand_nodelist", "in_job", "in_step",
+           "job_field", "requeue", "step_launch_env", "tasks_per_node"]

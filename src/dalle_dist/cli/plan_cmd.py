@@ -166,6 +166,8 @@ def _train_flags(args: argparse.Namespace) -> list[str]:
 
 def _sbatch_script(rows: list, args: argparse.Namespace, sbatch: SbatchConfig, memory: int,
                    advice: str) -> str:
+    """The script for the row the recommendation leads with (plan/sbatch.py), or the
+    recommendation itself as the error when no row takes the batch."""
     import shlex
     import sys
 
