@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import warnings
+import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,10 +118,22 @@ def _saved_module(path: str) -> ModuleFeatures | None:
                                   "TorchScript")
         except Exception:
             pass
+    if not _is_export_archive(path):  # (torch.export.load logs a traceback on others)
+        return None
     try:
         return ModuleFeatures(torch.export.load(path).module(), "torch.export")
     except Exception:
         return None
+
+
+def _is_export_archive(path: str) -> bool:
+    """A torch.export.save file: a zip archive with an `archive_format` record."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.rsplit("/", 1)[-1] == "archive_format"
+                       for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def load_fid_extractor(path: str) -> nn.Module:
