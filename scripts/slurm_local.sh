@@ -54,6 +54,9 @@ SlurmUser=$user
 SlurmdUser=$user
 AuthType=auth/none
 CredType=cred/none
+# a requeued job waits out its revoked credential before it starts again (120 s by
+# default; started sooner, slurmd refuses it: "Job credential revoked")
+AuthInfo=cred_expire=10
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
