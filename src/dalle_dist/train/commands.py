@@ -516,7 +516,7 @@ def start_evaluation(quality: QualityEval, job: TrainJob, loader: Loader, vae: I
     def decode(tokens: torch.Tensor) -> torch.Tensor:  # token shards: pixels of the real part
         return vae.decode(tokens.long().to(device)).float().cpu()
 
-    def prepare() -> str:
+    def prepare() -> tuple[str, int]:
         data = eval_set(job.quality, getattr(loader, "held_out", None), data_cfg.builtin,
                         data_cfg.image_size, data_cfg.channels, data_cfg.shapes_seed, decode)
         quality.prepare(data, data_cfg.image_size, device)
@@ -526,9 +526,10 @@ def start_evaluation(quality: QualityEval, job: TrainJob, loader: Loader, vae: I
             ("CLIP score", quality.clip is not None),
             ("caption fidelity", data.shapes)) if on]
         return (f"evaluation every {quality.every} steps and at the end: "
-                f"{len(data.captions)} images; {', '.join(measured)}")
+                f"{len(data.captions)} images; {', '.join(measured)}", len(data.captions))
 
-    log.info(backend.on_root("the evaluation set", prepare))
+    line, quality.images = backend.on_root("the evaluation set", prepare)
+    log.info(line)
 
 
 def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | None = None

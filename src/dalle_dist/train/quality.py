@@ -353,6 +353,7 @@ class QualityEval:
     def __init__(self, config: QualityConfig) -> None:
         self.config, self.every = config, config.eval_every_n_steps
         self.set: EvalSet | None = None
+        self.images = config.eval_images  # the root's caption count, told to every rank
         self.extractor: nn.Module | None = None
         self.fid: Any = None
         self.clip: ClipScorer | None = None
@@ -385,8 +386,10 @@ class QualityEval:
 
     @property
     def count(self) -> int:
-        """Images per evaluation (on every rank)."""
-        return self.config.eval_images if self.set is None else len(self.set.captions)
+        """Images per evaluation, on every rank: the root's caption count (fewer than
+        --eval_images when the held-out part or --eval_captions holds fewer), which
+        start_evaluation hands the others; sharded sampling makes as many calls on each."""
+        return len(self.set.captions) if self.set is not None else self.images
 
     def due(self, step: int, last: bool) -> bool:
         return step % self.every == 0 or last
