@@ -209,6 +209,7 @@ def quality_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     def build(folder: Path) -> None:
         tiny_extractor(folder / "tiny.pt")
         tiny_clip(folder / "clip")
+        (folder / "captions.txt").write_text("a red circle\na blue square\na green triangle\n")
     return build_once(tmp_path_factory, "quality-files", build)
 
 

@@ -32,3 +32,14 @@ def test_fsdp_measures_what_one_process_measures(trained: Callable[..., Run],
     assert sorted(two) == [2, 4, 5]
     for step in one:
         assert two[step] == pytest.approx(one[step], rel=1e-4), step
+
+
+def test_fewer_captions_than_eval_images_take_the_same_calls_on_every_rank(
+        trained: Callable[..., Run], quality_files: Path) -> None:
+    """--eval_captions of 3 lines with --eval_images 8 on FSDP: the other rank samples
+    the root's 3, not 8 (it made more sampling calls through the shards than the root,
+    and the run ended at the collective timeout; reproduced by hand before the fix)."""
+    run = trained("fsdp", "fp32", *eval_flags(quality_files), "--eval_captions",
+                  str(quality_files / "captions.txt"))
+    assert "evaluation every 2 steps and at the end: 3 images" in run.text
+    assert [r["step"] for r in run.metrics if "clip_score" in r] == [2, 4, 5]
