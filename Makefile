@@ -28,7 +28,7 @@ FIDELITY_SRC := $(VENV)/reference/torch-fidelity
 PYTEST_WORKERS ?= 2
 PYTEST := $(BIN)/pytest -q -n $(PYTEST_WORKERS) --no-loadscope-reorder
 
-.PHONY: demo test test-quick lint bench gpu-check gpu-check-quick clean
+.PHONY: demo test test-quick lint bench gpu-check gpu-check-quick clean slurm-wlm
 
 $(BASE): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -70,8 +70,18 @@ lint: $(BASE)
 
 # Every run ends with its wall time and its slowest files and fixtures (tests/timing.py),
 # then the slowest tests (--durations): a slow new test shows in every CI log at once.
-test: $(ENGINES) lint
+test: $(ENGINES) lint slurm-wlm
 	$(PYTEST) --durations=20
+
+# Debian's slurm-wlm for the real-Slurm tests (tests/slurm/: scripts/slurm_local.sh runs a
+# one-node cluster from it): installed with apt-get where it is missing and this is root on
+# Debian; elsewhere those tests fail with the line to install it.
+slurm-wlm:
+	@command -v slurmctld >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& { DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm >/dev/null 2>&1 \
+		|| { apt-get update -q >/dev/null 2>&1 \
+		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm >/dev/null 2>&1; }; }; } \
+		|| echo "slurm-wlm is not installed: the Slurm tests will fail (apt-get install slurm-wlm)"
 
 # The inner loop between edits: unit tests and single-process checks, no 2-rank launch and
 # no minutes-long training (markers ranks and slow); `make test` still runs everything.

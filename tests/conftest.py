@@ -91,16 +91,6 @@ def _queue_place(item: pytest.Item) -> tuple[int, int]:
     return (2, 0) if path in RANK_FILES else (3, 0)
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The one skip the suite allows: the real-Slurm tests on a machine without
-    slurm-wlm (tests/slurm/test_slurm.py), said in one line."""
-    skipped = [r for r in terminalreporter.stats.get("skipped", [])
-               if "tests/slurm/" in getattr(r, "nodeid", "")]
-    if skipped:
-        terminalreporter.write_line(f"{len(skipped)} Slurm tests not run: Slurm is not "
-                                    "installed (apt-get install slurm-wlm)")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks the launch files' tests `ranks` and the long files' `slow`; under xdist,
     orders the queue (every worker sorts alike: xdist checks that their collections agree)."""

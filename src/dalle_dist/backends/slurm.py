@@ -171,19 +171,27 @@ class SlurmJob:
                 f"{requeue[self.requeue]}")
 
 
+def _scontrol(*args: str, timeout: float) -> subprocess.CompletedProcess[str] | str:
+    """`scontrol ARGS`, or why it could not run (missing, failed to start, no answer
+    within `timeout` seconds)."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return "scontrol not found"
+    try:
+        return subprocess.run([scontrol, *args], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return str(error).splitlines()[0]
+
+
 def job_field(job_id: str, name: str, timeout: float = 10.0) -> str | None:
     """One `Name=value` field of `scontrol show job -o JOB`; None when scontrol is
     missing, fails or does not answer within `timeout` seconds."""
-    scontrol = shutil.which("scontrol")
-    if scontrol is None:
-        return None
-    try:
-        out = subprocess.run([scontrol, "show", "job", "-o", job_id], capture_output=True,
-                             text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+    out = _scontrol("show", "job", "-o", job_id, timeout=timeout)
+    if isinstance(out, str) or out.returncode != 0:
         return None
     match = re.search(rf"(?:^|\s){re.escape(name)}=(\S*)", out.stdout)
-    return match.group(1) if out.returncode == 0 and match else None
+    return match.group(1) if match else None
 
 
 def current_job(environ: Mapping[str, str] = os.environ) -> SlurmJob | None:
@@ -203,14 +211,9 @@ def current_job(environ: Mapping[str, str] = os.environ) -> SlurmJob | None:
 
 def requeue(job_id: str, timeout: float = 30.0) -> str:
     """`scontrol requeue JOB`; the error's first line, or "" when it was requeued."""
-    scontrol = shutil.which("scontrol")
-    if scontrol is None:
-        return "scontrol not found"
-    try:
-        out = subprocess.run([scontrol, "requeue", job_id], capture_output=True, text=True,
-                             timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return str(error).splitlines()[0]
+    out = _scontrol("requeue", job_id, timeout=timeout)
+    if isinstance(out, str):
+        return out
     return "" if out.returncode == 0 else (out.stderr or out.stdout).strip().splitlines()[0]
 
 

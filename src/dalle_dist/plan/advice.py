@@ -34,7 +34,7 @@ def recommend(rows: Sequence[Row], gpu_memory_bytes: int,
     order = {key: i for i, key in enumerate(BACKEND_ORDER)}
     advice: dict[str, list[str]] = {}  # sentence -> the precisions it holds for
     # Smaller elements first; of equal size, the one without loss scaling (bf16 before fp16).
-    for precision in sorted({r.precision for r in rows}, key=_advice_order):
+    for precision in sorted({r.precision for r in rows}, key=advice_order):
         chain = sorted((r for r in rows if r.precision == precision and
                         (r.gpus == gpus or gpus == 1)),
                        key=lambda r: order[(r.backend, r.zero_stage)])
@@ -43,7 +43,9 @@ def recommend(rows: Sequence[Row], gpu_memory_bytes: int,
     return " ".join(f"{' / '.join(names)}: {text}" for text, names in advice.items())
 
 
-def _advice_order(precision: str) -> tuple[int, bool]:
+def advice_order(precision: str) -> tuple[int, bool]:
+    """The order precisions are advised in: smaller elements first; of equal size, the one
+    without loss scaling (bf16 before fp16)."""
     kind = PRECISION_KINDS[precision]
     return kind.itemsize, kind.loss_scaled
 

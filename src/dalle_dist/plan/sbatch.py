@@ -14,6 +14,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dalle_dist.plan.advice import advice_order
 from dalle_dist.plan.rows import Row
 
 
@@ -44,9 +45,7 @@ def chosen_row(rows: Sequence[Row], batch: int, gpus: int, budget: int) -> Row |
     """The row the recommendation leads with: of the smallest precision, the first row in
     the backends' order, on all `gpus`, that takes the batch (horovod left out); None
     when none does."""
-    from dalle_dist.plan.advice import _advice_order
-
-    for precision in sorted({r.precision for r in rows}, key=_advice_order):
+    for precision in sorted({r.precision for r in rows}, key=advice_order):
         for row in rows:
             if (row.precision == precision and row.backend != "horovod" and row.gpus == gpus
                     and row.max_batch(budget) >= batch):

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
+from dalle_dist.backends.verdict import error_line
 from dalle_dist.data.images import make_grid
 from dalle_dist.data.scorer import fidelity
 from dalle_dist.data.shapes import ShapesDataset
@@ -83,11 +84,6 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
     """[N, C, H, W] in [0, 1] -> its first 3 channels as uint8, rounded as a PNG stores
     them (data/images.py tensor_to_pil): what every metric here sees."""
     return (images[:, :3].float().clamp(0, 1) * 255).round().to(torch.uint8)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:300]
 
 
 class ModuleFeatures(nn.Module):
@@ -151,7 +147,7 @@ def load_fid_extractor(path: str) -> nn.Module:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
         raise ConfigError(f"{flag}: neither a saved module nor a torch weights file "
-                          f"({_first_line(error)})",
+                          f"({error_line(error)})",
                           "give torch-fidelity's weights-inception-2015-12-05-6726825d.pth"
                           ) from None
     network = FIDInception()
@@ -164,7 +160,7 @@ def load_fid_extractor(path: str) -> nn.Module:
         missing = sorted(name for name in set(network.state_dict()) - set(state)
                          if not name.endswith("num_batches_tracked"))  # (optional in a file)
         detail = (f"{len(missing)} of its tensors are missing, e.g. {missing[0]}" if missing
-                  else _first_line(error))
+                  else error_line(error))
         raise ConfigError(f"{flag}: not the Inception-v3 weights FID uses ({detail})",
                           "give torch-fidelity's weights-inception-2015-12-05-6726825d.pth "
                           "or a saved feature extractor") from None
@@ -183,7 +179,7 @@ def probe_extractor(extractor: nn.Module, path: str, image_size: int) -> None:
             out = extractor(probe)
     except Exception as error:
         raise ConfigError(f"{flag}: the {extractor.kind} module fails on uint8 images "
-                          f"[2, 3, {image_size}, {image_size}]: {_first_line(error)}") from None
+                          f"[2, 3, {image_size}, {image_size}]: {error_line(error)}") from None
     if out.ndim != 2 or out.shape[0] != 2 or not out.shape[1]:
         raise ConfigError(f"{flag}: the {extractor.kind} module maps 2 images to shape "
                           f"{list(out.shape)}, not [2, features]")
@@ -196,7 +192,7 @@ def fid_metric(extractor: nn.Module) -> Any:
     try:
         from torchmetrics.image.fid import FrechetInceptionDistance
     except ImportError as error:
-        raise ConfigError(f"--fid_weights needs torchmetrics ({_first_line(error)})",
+        raise ConfigError(f"--fid_weights needs torchmetrics ({error_line(error)})",
                           "pip install 'dalle_dist[fid]'") from None
     # The root alone measures: torchmetrics' default all-gathers the states of every
     # rank in compute(), a collective the other ranks never join (a hang on 2 ranks).
@@ -216,7 +212,7 @@ class ClipScorer:
         try:
             config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
-            raise ConfigError(f"{flag}: no readable config.json ({_first_line(error)})",
+            raise ConfigError(f"{flag}: no readable config.json ({error_line(error)})",
                               "save one with CLIPModel.save_pretrained and "
                               "CLIPProcessor.save_pretrained") from None
         if config.get("model_type") != "clip":
@@ -226,7 +222,7 @@ class ClipScorer:
             from transformers import AutoTokenizer, CLIPModel
             from transformers.utils import logging as hf_logging
         except ImportError as error:
-            raise ConfigError(f"--clip_dir needs transformers ({_first_line(error)})",
+            raise ConfigError(f"--clip_dir needs transformers ({error_line(error)})",
                               "pip install 'dalle_dist[clip]'") from None
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()  # ("Loading weights": one line per load)
@@ -235,7 +231,7 @@ class ClipScorer:
             self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         except Exception as error:
             raise ConfigError(f"{flag}: not a complete CLIP directory "
-                              f"({_first_line(error)})") from None
+                              f"({error_line(error)})") from None
         self.model = self.model.to(device).eval().requires_grad_(False)
         self.device = device
         self.size, self.crop, mean, std = self._preprocessing(folder)
@@ -300,7 +296,7 @@ def read_captions(path: str, count: int) -> list[str]:
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"--eval_captions {path}: cannot read it ({_first_line(error)})"
+        raise ConfigError(f"--eval_captions {path}: cannot read it ({error_line(error)})"
                           ) from None
     captions = [line.strip() for line in lines if line.strip()][:count]
     if not captions:
