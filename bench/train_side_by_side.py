@@ -10,6 +10,12 @@ the path:
     .venv/bin/python bench/train_side_by_side.py [--rotary_shift]
     .venv/bin/python bench/train_side_by_side.py \
         --patterns full,axial_row --image_tokens 1024
+    .venv/bin/python bench/train_side_by_side.py --profile 12   # where the time goes
+
+With --profile K, each pair also gets 3 profiled steps per side (torch.profiler's self
+CPU time per aten op): the K ops where each side spends most, the K largest differences,
+and a ceiling: the ratio and MFU ours would reach if nothing but its matrix products
+(mm, addmm, bmm, SDPA's kernels) took time.
 
 A step, on either side, is the model-level step of its training script (no data loading,
 no VAE: both take image token ids): forward, backward, clip_grad_norm_ 0.5, Adam step,
@@ -260,6 +266,58 @@ def time_pair(theirs: Side, ours: Side, rounds: int, warmup: int
     return wall, cpu, peak[0]
 
 
+def op_times(step: Callable[[], None], steps: int = 3) -> dict[str, float]:
+    """Self CPU milliseconds per op in a step, from torch.profiler (the op's own time, its
+    callees' apart, so the entries add up to the step): each op's median over `steps`
+    profiled steps, as one step's reading moves by a tenth on this VM."""
+    from torch.profiler import ProfilerActivity, profile
+
+    readings: list[dict[str, float]] = []
+    for _ in range(steps):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+        readings.append({event.key: event.self_cpu_time_total / 1e3
+                         for event in prof.key_averages()})
+    names = set().union(*readings)
+    return {name: statistics.median(r.get(name, 0.0) for r in readings) for name in names}
+
+
+#: the ops that do a step's matrix products: the weight matmuls, the attention's batched
+#: matmuls and SDPA's CPU kernels
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm",
+              "aten::_scaled_dot_product_flash_attention_for_cpu",
+              "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+def profile_pair(theirs: Side, ours: Side, top: int, model_flops: float,
+                 peak: float) -> dict[str, Any]:
+    """Profiled steps of each side (after the timed rounds, so both are warm): the
+    ops where the two spend most, and where they differ most (issue 25 item 2).
+
+    `ceiling` bounds what any change outside the matrix products can gain: the ratio and
+    MFU our side would reach if every other op took no time (its matmul ops' self time
+    as they run now, their step's whole self time). A target above them needs faster
+    matrix products, not less overhead."""
+    their_ms, our_ms = op_times(theirs.step), op_times(ours.step)
+    names = set(their_ms) | set(our_ms)
+    rows = sorted(((name, round(their_ms.get(name, 0.0), 2), round(our_ms.get(name, 0.0), 2))
+                   for name in names), key=lambda row: -abs(row[1] - row[2]))
+    our_matmul_ms = sum(our_ms.get(name, 0.0) for name in MATMUL_OPS)
+    return {
+        "total_self_ms": {"dalle_pytorch": round(sum(their_ms.values()), 1),
+                          "ours": round(sum(our_ms.values()), 1)},
+        "ours_matmul_ops_ms": round(our_matmul_ms, 1),
+        "ceiling": {"ratio": round(sum(their_ms.values()) / our_matmul_ms, 3),
+                    "mfu": round(model_flops / peak / (our_matmul_ms / 1e3), 4)},
+        "top_ours": [[n, round(t, 2)] for n, t in
+                     sorted(our_ms.items(), key=lambda kv: -kv[1])[:top]],
+        "top_dalle_pytorch": [[n, round(t, 2)] for n, t in
+                              sorted(their_ms.items(), key=lambda kv: -kv[1])[:top]],
+        "largest_differences_ms": [{"op": n, "dalle_pytorch": a, "ours": b}
+                                   for n, a, b in rows[:top]],
+    }
+
+
 def compare(args: argparse.Namespace, pattern: str, image_len: int) -> dict[str, Any]:
     fmap = int(image_len**0.5)
     if fmap * fmap != image_len:
@@ -287,6 +345,8 @@ def compare(args: argparse.Namespace, pattern: str, image_len: int) -> dict[str,
                        "mfu": round(model_flops / step_s / peak, 4),
                        "counted_utilisation": round(
                            3 * side.flops["total"] / step_s / peak, 4)}
+    profiled = ({"profile": profile_pair(theirs, ours, args.profile, model_flops, peak)}
+                if args.profile else {})
     ratio_wall = statistics.median(wall["dalle_pytorch"]) / statistics.median(wall["ours"])
     ratio_cpu = statistics.median(cpu["dalle_pytorch"]) / statistics.median(cpu["ours"])
     return {"pattern": pattern, "image_tokens": image_len, "batch": batch, **sides,
@@ -294,7 +354,7 @@ def compare(args: argparse.Namespace, pattern: str, image_len: int) -> dict[str,
             "matmul_peak_gflops": round(peak / 1e9, 1),
             "model_flops_per_step": model_flops,
             "formula_flops_per_step": training_flops_per_step(
-                our_config(args, pattern, fmap), batch), **equality}
+                our_config(args, pattern, fmap), batch), **equality, **profiled}
 
 
 def versions() -> dict[str, str]:
@@ -321,6 +381,10 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help="our side's blocks compiled (train --compile: inductor, per "
                              "block; the compile runs in the warm-up steps, 2 at least)")
+    parser.add_argument("--profile", type=int, default=0, metavar="K",
+                        help="also profile 3 steps of each side (torch.profiler, each op's "
+                             "median self CPU time) and report the K ops where each spends "
+                             "most, the K largest differences and the matmul-only ceiling")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
