@@ -68,6 +68,24 @@ def test_tiny_compile_figure(tiny_checks: dict) -> None:
     assert "train --compile (aot_eager, 1 graph(s) for 1 blocks)" in check.summary
 
 
+def test_compile_figure_profiles_each_runs_own_step(tiny_checks: dict) -> None:
+    """Each run profiles one step of its own after the timed ones: the compiled run's
+    enters its block's compiled region once per block and runs the compiled backward as
+    often, the eager run's neither (a profile taken through the eager path, or of the
+    eager run twice, reads 0 for both)."""
+    d = tiny_checks["compile"].details
+    eager, compiled = d["eager_profile"], d["compiled_profile"]
+    assert eager["compiled_calls"] == {"forward": 0, "backward": 0}
+    depth = TINY["depth"]
+    assert compiled["compiled_calls"] == {"forward": depth, "backward": depth}
+    for profile in (eager, compiled):
+        times = [ms for _, ms in profile["top"]]
+        assert times and times == sorted(times, reverse=True)
+        assert 0 < sum(times) <= profile["total_ms"] + 1e-6
+    # the step is the same model's forward and backward: its matmuls are there both ways
+    assert {"aten::mm", "aten::addmm"} & {name for name, _ in eager["top"]}
+
+
 @pytest.mark.parametrize(("compiled", "status", "fragment"), [
     ({"step_s": 0.5, "compile": {"backend": "inductor", "blocks": 10, "graphs": 1,
                                  "seconds": 30.0}}, "PASS", "pays for its compile after 60 steps"),

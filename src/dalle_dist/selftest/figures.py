@@ -142,7 +142,10 @@ def run_train(device: torch.device, model: dict[str, Any], peaks: dict[str, floa
             "warmup": warmup, "log_every": log_every,
             "clip": TrainConfig().clip_grad_norm, "peaks": peaks,
             "workers": default_num_workers(device, 1)}
-    specs = [spec] if compiler is None else [spec, {**spec, "compile": compiler}]
+    # with a compiled copy, both runs profile one step after their timed ones: what the
+    # compiled step spends its time on, beside the eager step's (step_profile.py)
+    specs = ([spec] if compiler is None
+             else [{**spec, "profile": True}, {**spec, "compile": compiler, "profile": True}])
     outs = run_specs("single", specs, folder,
                      timeout=TRAIN_TIMEOUT_S + (COMPILE_TIMEOUT_S if compiler else 0))
     for out in outs:
@@ -193,8 +196,10 @@ def compile_figure(eager: dict[str, Any], compiled: dict[str, Any]) -> Outcome:
     seed; the compiled one's blocks compiled at step 2, inside the warm-up): the speed-up
     of the timed steps, the compile time (the compiling step's time less the next one's,
     train/compile.py) and the steps after which the faster steps have paid for it (none
-    when compiled steps are not faster). FAIL when the compiled run fails, its loss is
-    not finite, or it compiled nothing; a figure, not a threshold, otherwise."""
+    when compiled steps are not faster); in its details, each run's profiled step (its
+    top kernels: step_profile.py), which says where a slower compiled step loses. FAIL
+    when the compiled run fails, its loss is not finite, or it compiled nothing; a
+    figure, not a threshold, otherwise."""
     if not compiled.get("ok"):
         return "FAIL", compiled.get("error", "the compiled run failed")[-500:], {"run": compiled}
     losses = compiled["logged_losses"]
@@ -213,7 +218,9 @@ def compile_figure(eager: dict[str, Any], compiled: dict[str, Any]) -> Outcome:
                "pays_off_after_steps": pays_off, "eager_step_s": eager_s,
                "compiled_step_s": compiled_s, "eager_mfu": eager.get("mfu"),
                "compiled_mfu": compiled.get("mfu"), "eager_losses": eager["logged_losses"],
-               "compiled_losses": losses, "compile": info, "run": compiled}
+               "compiled_losses": losses, "compile": info,
+               "eager_profile": eager.get("profile"), "compiled_profile": compiled.get("profile"),
+               "run": compiled}
     after = (f"pays for its compile after {pays_off} steps" if pays_off is not None
              else "never pays for its compile here")
     return "PASS", (f"train --compile ({info['backend']}, {info['graphs']} graph(s) for "

@@ -40,6 +40,7 @@ import torch
 from dalle_dist.cli.parser import add_launcher_rank
 from dalle_dist.selftest.mfu import training_flops_per_step
 from dalle_dist.selftest.models import fresh_vae, model_configs
+from dalle_dist.selftest.step_profile import profile_step
 
 #: What torch.cuda.set_sync_debug_mode("warn") says at each synchronizing CUDA call.
 SYNC_WARNING = "called a synchronizing CUDA operation"
@@ -263,6 +264,9 @@ def train_run(spec: dict[str, Any]) -> dict[str, Any]:
         losses = logged_losses(paths.metrics)
     with torch.no_grad(), matmul_dtypes(engine.module) as seen:
         engine.forward(*task.last_inputs)
+    # spec "profile": one more step under torch.profiler (figures compile's eager and
+    # compiled runs), after the timed ones so it costs them nothing
+    profiled = profile_step(engine, task.last_inputs, device) if spec.get("profile") else None
     if weights_out:  # collective under FSDP: every rank asks, the root writes
         final = engine.full_state_dict()
         if backend.is_root and final is not None:
@@ -283,6 +287,8 @@ def train_run(spec: dict[str, Any]) -> dict[str, Any]:
         result["weights"] = weights_out
     if task.compiled is not None:  # train --compile's blocks: graphs and compile time
         result["compile"] = task.compiled.as_dict()
+    if profiled is not None:
+        result["profile"] = profiled
     flops = training_flops_per_step(dalle_cfg, samples) * timed
     # MFU against the peak of the dtype the matmuls ran in (fp32 runs count TF32's when
     # on), per GPU: the job's FLOPs over `world` devices' peaks
