@@ -75,6 +75,7 @@ from generate_reference import stub_unused_imports
 
 from dalle_dist.model import DALLE, DALLEConfig
 from dalle_dist.selftest.mfu import training_flops_per_step
+from dalle_dist.selftest.step_profile import own_times
 from dalle_dist.train.compile import compile_blocks
 from dalle_dist.train.flops import cpu_attention_formulas
 from dalle_dist.train.optim import make_adam
@@ -276,8 +277,7 @@ def op_times(step: Callable[[], None], steps: int = 3) -> dict[str, float]:
     for _ in range(steps):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             step()
-        readings.append({event.key: event.self_cpu_time_total / 1e3
-                         for event in prof.key_averages()})
+        readings.append(own_times(prof.key_averages(), device=False))
     names = set().union(*readings)
     return {name: statistics.median(r.get(name, 0.0) for r in readings) for name in names}
 

@@ -198,6 +198,4 @@ def slurm_facts() -> dict[str, Any] | None:
     job = slurm.current_job()
     if job is None:
         return None
-    return {"job_id": job.job_id, "nodes": job.nodes, "tasks": job.tasks,
-            "gpus_per_task": job.gpus_per_task, "requeue": job.requeue,
-            "step": slurm.in_step(), "line": job.line}
+    return {**asdict(job), "step": slurm.in_step(), "line": job.line}

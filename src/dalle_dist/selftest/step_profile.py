@@ -43,21 +43,28 @@ def profile_step(engine: Any, inputs: tuple[Any, ...], device: torch.device,
             if cuda:
                 torch.cuda.synchronize(device)
     except Exception as error:  # a profiler that cannot start; the run itself is done
-        engine.zero_grad()
         return {"error": f"{type(error).__name__}: {error}"[:300]}
-    engine.zero_grad()
-    own = "self_device_time_total" if cuda else "self_cpu_time_total"
-    times: dict[str, float] = {}
-    regions = backwards = 0
-    for event in prof.key_averages():
-        times[event.key] = times.get(event.key, 0.0) + getattr(event, own) / 1e3
-        if event.key.startswith(COMPILED_REGION):
-            regions += event.count
-        elif event.key == COMPILED_BACKWARD:
-            backwards += event.count
+    finally:
+        engine.zero_grad()
+    events = prof.key_averages()
+    times = own_times(events, cuda)
+    calls = {name: sum(e.count for e in events if e.key.startswith(name))
+             for name in (COMPILED_REGION, COMPILED_BACKWARD)}
     ranked = sorted(((name, ms) for name, ms in times.items() if ms > 0),
                     key=lambda row: -row[1])
     return {"time": "device (CUDA kernels)" if cuda else "CPU (self time per op)",
             "total_ms": round(sum(ms for _, ms in ranked), 3),
-            "compiled_calls": {"forward": regions, "backward": backwards},
+            "compiled_calls": {"forward": calls[COMPILED_REGION],
+                               "backward": calls[COMPILED_BACKWARD]},
             "top": [[name, round(ms, 3)] for name, ms in ranked[:top]]}
+
+
+def own_times(events: Any, device: bool) -> dict[str, float]:
+    """torch.profiler's key_averages() -> milliseconds per op or kernel of its own time
+    (its callees' apart, so the entries add up to the profiled work): on the device
+    (CUDA kernels) or on the CPU. bench/train_side_by_side.py reads its profiles so too."""
+    own = "self_device_time_total" if device else "self_cpu_time_total"
+    times: dict[str, float] = {}
+    for event in events:
+        times[event.key] = times.get(event.key, 0.0) + getattr(event, own) / 1e3
+    return times
