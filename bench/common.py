@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import resource
 import statistics
 import sys
@@ -52,7 +54,42 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+#: Variables that change a CPU figure: glibc's malloc tuning (MALLOC_MMAP_THRESHOLD_ ...),
+#: an allocator preloaded in its place (LD_PRELOAD: jemalloc, tcmalloc), thread counts.
+ENV_PREFIXES = ("MALLOC_", "LD_PRELOAD", "OMP_", "MKL_", "KMP_")
+
+
+def machine() -> dict[str, Any]:
+    """What ran the figures: the CPU's model name, its logical CPUs, the vector ISA torch's
+    CPU kernels dispatch to, the GPU if one is used, and the environment variables that
+    change the allocator or the threads, where set. Ratios against another project move
+    with both: bench/train_side_by_side.py read full attention at 1024 tokens 1.88x on a
+    VM whose fp32 matmul peak was 200 GFLOP/s and 2.11x on a 445 GFLOP/s AVX-512 one, and
+    1.64x on the latter with glibc's mmap threshold fixed (DALLE-pytorch's step then stops
+    faulting in its score tensors' pages on every allocation; docs/benchmarks.md)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            names = [line.split(":", 1)[1].strip() for line in info
+                     if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    record: dict[str, Any] = {"cpu": cpu, "logical_cpus": os.cpu_count(),
+                              "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    if torch.cuda.is_available():
+        record["gpu"] = torch.cuda.get_device_name(0)
+    env = {name: value for name, value in sorted(os.environ.items())
+           if name.startswith(ENV_PREFIXES)}
+    if env:
+        record["env"] = env
+    return record
+
+
 def emit(result: dict[str, Any]) -> None:
+    """The result as indented JSON on stdout, with the machine (machine()) added unless
+    the script recorded it."""
+    result.setdefault("machine", machine())
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
 
