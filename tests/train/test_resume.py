@@ -220,6 +220,20 @@ def test_sigint_is_a_polite_stop_too(tiny_vae: Path, tmp_path: Path) -> None:
     assert torch.load(tmp_path / "dalle.pt", weights_only=True)["step"] == stopped_at
 
 
+def unfinished_saves(directory: Path, name: str) -> list[Path]:
+    """The temporary files of `name`'s saves that hold bytes. A save renamed into place
+    between the listing and the stat is finished, not unfinished: a plain
+    `p.stat()` in the comprehension raised FileNotFoundError when that happened."""
+    found = []
+    for path in directory.glob(f".{name}.*.tmp"):
+        try:
+            if path.stat().st_size > 0:
+                found.append(path)
+        except FileNotFoundError:
+            continue
+    return found
+
+
 def test_kill_9_in_the_middle_of_a_save_keeps_the_previous_checkpoint(
         tiny_vae: Path, tmp_path: Path) -> None:
     """A checkpoint big enough that a save takes a while; the kill lands while the
@@ -234,8 +248,8 @@ def test_kill_9_in_the_middle_of_a_save_keeps_the_previous_checkpoint(
     proc = spawn(cmd, tmp_path)
     deadline = time.monotonic() + 180
     while True:
-        partial = [p for p in tmp_path.glob(".dalle.pt.*.tmp") if p.stat().st_size > 0]
-        if partial and launch.logged_step(tmp_path / "dalle.metrics.jsonl") >= 2:
+        if (launch.logged_step(tmp_path / "dalle.metrics.jsonl") >= 2
+                and unfinished_saves(tmp_path, "dalle.pt")):
             os.killpg(proc.pid, signal.SIGKILL)
             break
         assert proc.poll() is None and time.monotonic() < deadline, "no save was caught"
