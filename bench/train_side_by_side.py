@@ -48,10 +48,11 @@ timed in the same rounds. counted_utilisation uses each side's own counted forwa
 
 Both sides share the process's allocator and threads. Under glibc's defaults a tensor over
 malloc's mmap threshold (which adapts, up to 32 MB) is mapped afresh at each allocation and
-its pages faulted in: DALLE-pytorch's score tensors at 1024 tokens are such tensors, ours
-are not, so fixing the thresholds (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) or
-preloading another allocator speeds theirs and lowers the ratios; the JSON's `machine`
-records those variables and the CPU (docs/benchmarks.md has the figures both ways).
+its pages faulted in: DALLE-pytorch's score tensors at 1024 tokens are such tensors (about
+280,000 minor faults a step at `full`), ours are not (0 or 1), so fixing the thresholds
+(MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) speeds theirs and lowers the ratios, as
+another allocator preloaded (LD_PRELOAD) may; the JSON's `machine` records those variables
+and the CPU (docs/benchmarks.md has the figures both ways).
 
 Pattern `sparse` is DALLE-pytorch's DeepSpeed sparse attention: its kernel is Triton on
 CUDA, so on a CPU it is recorded as skipped, with the reason, and axial_col runs in its
