@@ -128,6 +128,45 @@ def band_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout
     return torch.cat((out_text, out_image), dim=2)
 
 
+class TextAndGrid(torch.autograd.Function):
+    """q, k and v [b, h, n, d] (any strides) cut into the text part, [b, h, text, d], and
+    the image part padded with zeros to the whole grid, [b, h, cells, d], all six
+    contiguous. Autograd's own slices would give each of the six gradients a zero-filled
+    [b, h, n, d] tensor and then add each input's two: this backward writes each input's
+    gradient once, into one new tensor."""
+
+    @staticmethod
+    def forward(q: Tensor, k: Tensor, v: Tensor, text: int,
+                cells: int) -> tuple[Tensor, ...]:
+        texts = tuple(t[:, :, :text].clone(memory_format=torch.contiguous_format)
+                      for t in (q, k, v))
+        grids = []
+        for t in (q, k, v):
+            b, h, n, d = t.shape
+            grid = t.new_empty(b, h, cells, d)
+            grid[:, :, :n - text].copy_(t[:, :, text:])
+            grid[:, :, n - text:].zero_()
+            grids.append(grid)
+        return (*texts, *grids)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        q, _, _, text, _ = inputs
+        ctx.text, ctx.shape = text, q.shape
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
+        # An output without a gradient arrives as zeros (materialize_grads, the default).
+        text, (b, h, n, d) = ctx.text, ctx.shape
+        out = []
+        for g_text, g_grid in zip(grads[:3], grads[3:], strict=True):
+            grad = g_text.new_empty(b, h, n, d)
+            grad[:, :, :text].copy_(g_text)
+            grad[:, :, text:].copy_(g_grid[:, :, :n - text])  # the padding's gradient drops
+            out.append(grad)
+        return (*out, None, None)
+
+
 def band_scores(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout: float,
                 rows_back: int, hidden: Tensor, columns: bool = False,
                 stable: bool = False) -> Tensor:
@@ -145,17 +184,17 @@ def band_scores(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout
     `hidden`: the keys band_mask's [line, place, text + band keys] rule hides (its
     negation), built once per layout."""
     n, text, s = q.shape[2], layout.text_len, layout.fmap_size
-    out_text = _text_part(q, k, v, text, dropout)
     if n <= text:
-        return out_text
+        return _text_part(q, k, v, text, dropout)
     b, h, _, dh = q.shape
     band = rows_back + 1
-    # The image positions padded to the whole grid, row-major [b, h, s * s, d].
-    q_img, k_img, v_img = (F.pad(t[:, :, text:], (0, 0, 0, s * s - (n - text)))
-                           for t in (q, k, v))
-    # Scaled here, in place: d values a query, not text + band x s scores. F.pad made a
-    # new tensor (the grid has a padded cell at least: a sequence holds s * s - 1 image
-    # positions at most), and its backward needs no output.
+    # The text parts, and the image positions padded to the whole grid, row-major
+    # [b, h, s * s, d], all contiguous: a batched matmul copies a strided operand anyway
+    # when the batch is over 1 (qkv's batch and head strides do not merge).
+    q_text, k_text, v_text, q_img, k_img, v_img = TextAndGrid.apply(q, k, v, text, s * s)
+    out_text = F.scaled_dot_product_attention(q_text, k_text, v_text, is_causal=True,
+                                              dropout_p=dropout)
+    # Scaled here: d values a query, not text + band x s scores.
     q_img = q_img.mul_(1 / math.sqrt(dh))
 
     def lines(t: Tensor) -> Tensor:  # [b, h, line, place, d]: rows, or columns
@@ -169,11 +208,6 @@ def band_scores(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout
         # One slice per line offset (unfold's backward costs 1.7x these slices' on CPU).
         return torch.cat([padded[:, :, i:i + s] for i in range(band)], dim=3)
 
-    # The text's keys and values, contiguous: a batched matmul copies a strided operand
-    # anyway when the batch is over 1 (qkv's batch and head strides do not merge), so the
-    # copy is made here, and autograd saves the same bytes at every batch size (plan's
-    # model of this path counts them).
-    k_text, v_text = k[:, :, :text].contiguous(), v[:, :, :text].contiguous()
     to_text = torch.matmul(q_img, k_text.transpose(2, 3)).view(b, h, s, s, text)
     if columns:
         to_text = to_text.transpose(2, 3)

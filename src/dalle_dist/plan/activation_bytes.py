@@ -123,8 +123,10 @@ def layer_activation_bytes(c: DALLEConfig, path: str, pattern: str, t: Dtypes,
     else:
         raise ConfigError(f"unknown attention path {path!r}")
     if c.rotary_emb:
-        # rotated values: the rotated q, k and v (3 c i) stand in for qkv's output
-        per_sample += (0 if c.rotate_values else 2) * k * i * n
+        # rotated values: the rotated q, k and v (3 c i) stand in for qkv's output; the
+        # matmul path keeps neither (_band_matmul_bytes)
+        if path != "matmul":
+            per_sample += (0 if c.rotate_values else 2) * k * i * n
         if k != 4:
             per_layer += 2 * n * dh * k
     if c.layer_scale:  # each branch's output, kept for its scale's gradient
@@ -192,18 +194,22 @@ def _band_matmul_bytes(c: DALLEConfig, pattern: str, k: int) -> tuple[int, int]:
     block's common tensors, k = compute bytes; s = grid side, T = text + 1, K = T + band x s
     keys per image query.
 
-    The causal text part's SDPA output and logsumexp, as in the band gather; the grid's
-    padded queries, keys and values (s x s each: the band matmuls read them in place),
-    or for conv_like its unfolded band of keys and of values (band x s x s each) instead
-    of the grid's; the text's keys and values, which the matmuls copy out of qkv; the
-    probabilities (s x s x K); axial_col's column-major matmul operands are copies of the
-    queries and of the probabilities' text part. Per layer, the boolean rule (s x s x K,
-    one byte each).
+    The path cuts q, k and v into copies (attention_paths.TextAndGrid), so qkv's output
+    (3 x heads x dim_head a token, in the block's common tensors), or --rotary_emb's
+    rotated q and k, is kept by nothing. It keeps instead: the causal text part's SDPA
+    output and logsumexp, and its queries, keys and values (the matmuls read the same
+    keys and values); the grid's padded queries, keys and values (s x s each: the band
+    matmuls read them in place), or for conv_like its unfolded band of keys and of values
+    (band x s x s each) instead of the grid's; the probabilities (s x s x K); axial_col's
+    column-major matmul operands are copies of the queries and of the probabilities' text
+    part. Per layer, the boolean rule (s x s x K, one byte each).
     """
     h, dh = c.heads, c.dim_head
     s, text = c.image_fmap_size, c.text_seq_len + 1
     band, keys = _band_keys(c, pattern)
-    per_sample = h * (k * text * dh + 4 * text)  # the text part: output and logsumexp
+    per_sample = -3 * k * h * dh * _seq_len(c)  # qkv's output, kept by nothing
+    per_sample += h * (k * text * dh + 4 * text)  # the text part: output and logsumexp
+    per_sample += h * k * text * dh  # the text's queries
     per_sample += h * k * s * s * dh  # the grid's queries
     per_sample += 2 * h * k * band * s * s * dh  # the band's keys and values
     per_sample += 2 * h * k * text * dh  # the text's keys and values
