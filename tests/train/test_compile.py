@@ -121,6 +121,27 @@ def test_a_missing_cpp_compiler_is_refused_before_training(tmp_path: Path,
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(("samples", "line"), [
+    ("32", "compile: 2 transformer blocks -> 1 graph(s) (aot_eager): step 2 took "),
+    ("16", "--compile: nothing was compiled: the run ended after its first step"),
+], ids=["two-steps", "one-step"])
+def test_a_run_too_short_to_time_the_compile_still_reports_it(
+        samples: str, line: str, tmp_path: Path, tiny_vae: Path) -> None:
+    """A run of 2 steps ends with the compiling step, before the step that would time the
+    compile alone; one of 1 step runs eager only. Each still logs one compile line at its
+    end: the compiling step's time, or that nothing compiled. Bug: the report waited for
+    a third step, so a short run (a first try, a smoke test) never said what compiling
+    cost, or that it never compiled."""
+    result = run_cli("train", "--vae_path", str(tiny_vae), *TINY_DALLE_FLAGS, "--compile",
+                     "--compile_backend", "aot_eager", "--epochs", "1", "--batch_size", "16",
+                     "--shapes_count", samples, "--fidelity_images", "0",
+                     "--dalle_output_file_name", str(tmp_path / "d"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    reports = [text for text in result.stdout.splitlines()
+               if text.startswith(("compile:", "--compile: nothing"))]
+    assert len(reports) == 1 and reports[0].startswith(line), reports
+
+
 def test_zero3_is_refused_and_zero2_is_not() -> None:
     """ZeRO-3's gathering hooks on every layer would break a compiled block at its first
     layer (tests/backends/test_compile.py runs ZeRO-2 compiled); stage 3 from a

@@ -18,7 +18,9 @@ graph traced with a hook in it is guarded on the hook, so it would be traced aga
 the hook is gone. The blocks compile in the second step.
 
 The compile time is the compiling step's time less the next step's, both measured to the
-end of the device's work: the figure a user weighs against the faster steps.
+end of the device's work: the figure a user weighs against the faster steps. A run that
+ends with the compiling step logs that step's time, compile included (CompiledBlocks.
+finish).
 docs/design.md, "Compiled blocks", says when it pays off.
 """
 
@@ -157,6 +159,25 @@ class CompiledBlocks:
         elif self._timed > TIMED_STEPS:
             log(f"warning: --compile: no step without tracing in the first {TIMED_STEPS} "
                 "steps; the compile time is not measured")
+
+    def finish(self, log: Callable[[str], None]) -> None:
+        """At the run's end, the compile line of a run too short to measure it: the
+        compiling step's time, the compile included (there was no later step to subtract),
+        or, for a run of one step (which runs eager), that nothing was compiled. A run
+        that already logged its report, or the warning that every timed step traced, logs
+        nothing more."""
+        if self.report is not None or self._timed > TIMED_STEPS:
+            return
+        if self._compiled_in is None:
+            log("--compile: nothing was compiled: the run ended after its first step, "
+                "which runs eager (the blocks compile in the second)")
+            return
+        step, seconds = self._compiled_in
+        self.report = (f"compile: {self.blocks} transformer blocks -> {self.graphs} "
+                       f"graph(s) ({self.backend}): step {step} took {seconds:.2f} s, the "
+                       "compile included; the run ended before a step that would measure "
+                       "it alone")
+        log(self.report)
 
     def as_dict(self) -> dict[str, Any]:
         """What was compiled and what it cost, for reports (selftest, benches)."""

@@ -358,5 +358,7 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
         checkpointer.after_epoch(state)
 
     log.end_progress()
+    if task.compiled is not None:
+        task.compiled.finish(log.info)
     check_replicas(engine, backend, log)
     return state
