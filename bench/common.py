@@ -11,9 +11,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from dalle_dist.train.compile import DEFAULT_BACKEND, CompiledBlocks, compile_blocks
+
+if TYPE_CHECKING:
+    from dalle_dist.model.transformer import Transformer
 
 
 def set_threads(threads: int) -> None:
@@ -84,6 +89,18 @@ def machine() -> dict[str, Any]:
     if env:
         record["env"] = env
     return record
+
+
+def compile_fresh(transformer: Transformer, backend: str = DEFAULT_BACKEND
+                  ) -> CompiledBlocks:
+    """compile_blocks on a cleared dynamo, as `train --compile` starts: in a process of its
+    own. Dynamo keeps a block's graphs per code object for the whole process, so a bench
+    that compiles models of several sizes in turn would otherwise get, for the second
+    size, a graph with the sequence length symbolic (automatic dynamic shapes: other
+    kernels than the static ones a training run compiles, so other timings), and would
+    stop with fullgraph's hard error at the 9th graph (dynamo's recompile_limit, 8)."""
+    torch._dynamo.reset()
+    return compile_blocks(transformer, backend)
 
 
 def emit(result: dict[str, Any]) -> None:

@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit, median, set_threads
+from common import compile_fresh, emit, median, set_threads
 
 from dalle_dist.model import DALLE, DALLEConfig
-from dalle_dist.train.compile import DEFAULT_BACKEND, compile_blocks
+from dalle_dist.train.compile import DEFAULT_BACKEND
 from dalle_dist.train.optim import make_adam
 
 #: (image tokens, batch): issue 25's two sizes
@@ -47,7 +47,7 @@ def measure(tokens: int, batch: int, args: argparse.Namespace) -> dict[str, obje
     eager = DALLE(cfg)
     compiled = DALLE(cfg)
     compiled.load_state_dict(eager.state_dict())
-    blocks = compile_blocks(compiled.transformer, args.backend)
+    blocks = compile_fresh(compiled.transformer, args.backend)
     optimizers = {"eager": make_adam(eager.parameters(), 3e-4),
                   "compiled": make_adam(compiled.parameters(), 3e-4)}
     models = {"eager": eager, "compiled": compiled}

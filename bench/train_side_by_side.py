@@ -78,13 +78,12 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_model_size_args, emit, matmul_peak_flops, set_threads
+from common import add_model_size_args, compile_fresh, emit, matmul_peak_flops, set_threads
 from generate_reference import stub_unused_imports
 
 from dalle_dist.model import DALLE, DALLEConfig
 from dalle_dist.selftest.mfu import training_flops_per_step
 from dalle_dist.selftest.step_profile import own_times
-from dalle_dist.train.compile import compile_blocks
 from dalle_dist.train.flops import cpu_attention_formulas
 from dalle_dist.train.optim import make_adam
 
@@ -164,7 +163,7 @@ def our_side(args: argparse.Namespace, pattern: str, fmap: int, text: torch.Tens
 
     flops = count_forward(forward)  # eagerly: a FLOP counter cannot run a compiled graph
     if args.compile:
-        compile_blocks(model.transformer)
+        compile_fresh(model.transformer)
     return Side(model, step, flops)
 
 
