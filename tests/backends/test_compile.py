@@ -3,15 +3,15 @@ process's within fp32 rounding, the compile reported once, ranks consistent.
 
 What can go wrong across ranks is the order (compiled before DDP, FSDP2's fully_shard,
 DeepSpeed or Horovod wrap the model), the hooks (FSDP2's gathers and reshards around a
-compiled block, with activation checkpointing recomputing inside its graph; the gradient
-hooks of DDP, ZeRO-2 and Horovod) and recompiles; dynamo and AOTAutograd meet those the
-same whatever compiles their graphs. So FSDP2, the one engine that changes what a block's
-graph holds (unsharded parameters gathered around it, freed after it, gathered again for
-the checkpointed recompute), runs inductor, the default; DDP, ZeRO-2 and Horovod run
+compiled block, with activation checkpointing recomputing inside its graph; ZeRO-3's
+gathers, moved onto each block by making it a leaf module; the gradient hooks of DDP,
+ZeRO-2 and Horovod) and recompiles; dynamo and AOTAutograd meet those the same whatever
+compiles their graphs. So FSDP2, the one engine that changes what a block's graph holds
+(unsharded parameters gathered around it, freed after it, gathered again for the
+checkpointed recompute), runs inductor, the default; DDP, ZeRO-2, ZeRO-3 and Horovod run
 aot_eager, which traces the same graphs without inductor's C++ compile (7 to 13 s a graph
 per launch on this machine with an empty cache; inductor's numerics are
-tests/train/test_compile.py's, in one process). ZeRO-3 is refused before launch
-(tests/train/test_compile.py).
+tests/train/test_compile.py's, in one process).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ COMPILED = {
     "torch": ("--compile", "--compile_backend", "aot_eager"),
     "fsdp": ("--compile", "--reversible"),
     "deepspeed-zero2": ("--compile", "--compile_backend", "aot_eager"),
+    "deepspeed-zero3": ("--compile", "--compile_backend", "aot_eager"),
     "horovod": ("--compile", "--compile_backend", "aot_eager", "--reversible"),
 }
 

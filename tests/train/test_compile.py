@@ -18,11 +18,10 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from dalle_dist.backends import DistributedConfig, backend_from_config
 from dalle_dist.errors import ConfigError
 from dalle_dist.model import DALLE, DALLEConfig
 from dalle_dist.model.config import ComputeConfig
-from dalle_dist.train.compile import check_compile, compile_blocks
+from dalle_dist.train.compile import compile_blocks
 from dalle_dist.train.config import ProfileConfig
 from dalle_dist.train.job import TrainJob
 from tests.backends.runs import COMPILE_PATTERNS, TWENTY_STEPS, Run, assert_compiled_like_eager
@@ -140,19 +139,6 @@ def test_a_run_too_short_to_time_the_compile_still_reports_it(
     reports = [text for text in result.stdout.splitlines()
                if text.startswith(("compile:", "--compile: nothing"))]
     assert len(reports) == 1 and reports[0].startswith(line), reports
-
-
-def test_zero3_is_refused_and_zero2_is_not() -> None:
-    """ZeRO-3's gathering hooks on every layer would break a compiled block at its first
-    layer (tests/backends/test_compile.py runs ZeRO-2 compiled); stage 3 from a
-    --deepspeed_config is read the same way (the backend's merged config)."""
-    zero3 = backend_from_config(DistributedConfig(deepspeed=True, zero_stage=3))
-    zero3.check_config(16)
-    with pytest.raises(ConfigError, match="--compile cannot run under ZeRO stage 3"):
-        check_compile("aot_eager", zero3)
-    zero2 = backend_from_config(DistributedConfig(deepspeed=True, zero_stage=2))
-    zero2.check_config(16)
-    check_compile("inductor", zero2)
 
 
 def test_checkpoints_keep_the_eager_names() -> None:

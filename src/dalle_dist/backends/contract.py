@@ -313,11 +313,12 @@ class DistributedBackend(ABC):
             if why_not and self.is_root:
                 print(why_not, flush=True)
 
-    def check_compiled_blocks(self) -> None:
-        """train --compile compiles each transformer block's call with fullgraph=True: a
-        backend whose hooks run inside a block (on its layers) refuses it here, after
-        check_config, with a ConfigError. Hooks on the block itself (FSDP2's) or on the
-        parameters' gradients (DDP's, Horovod's, ZeRO 1-2's) run outside the graph."""
+    def prepare_compiled_blocks(self) -> None:
+        """train --compile will compile each transformer block's call with fullgraph=True
+        (called after check_config, before the model is built): a backend whose hooks
+        would run inside a block (on its layers) moves them onto the block here (ZeRO-3's
+        gathers), or refuses with a ConfigError. Hooks on the block itself (FSDP2's) or on
+        the parameters' gradients (DDP's, Horovod's, ZeRO 1-2's) run outside the graph."""
 
     def precision(self) -> Precision:
         return Precision(self.precision_name, self.device, self.use_apex)

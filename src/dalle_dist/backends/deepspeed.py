@@ -372,6 +372,20 @@ def zero3_partitioned(module: nn.Module, weights: WeightStream, config: dict[str
     return module
 
 
+def zero3_leaf_blocks(units: Sequence[nn.Module | list[nn.Module]]) -> None:
+    """Each transformer block (each of `units`, the task's shard units, or each block of a
+    group that shares modules) a ZeRO-3 leaf module, before deepspeed.initialize registers
+    its hooks: DeepSpeed then gathers a block's parameters in hooks on the block's own call
+    and hooks none of its layers, so a block compiled whole (train --compile) holds no
+    hook. A block's weights are gathered at once, the unit `dalle-dist plan` already
+    counts for ZeRO-3."""
+    from deepspeed.utils import set_z3_leaf_module
+
+    for unit in units:
+        for block in unit if isinstance(unit, list) else [unit]:
+            set_z3_leaf_module(block, True)
+
+
 class DeepSpeedBackend(TorchDistributedBackend):
     name = "deepspeed"
     extra = "deepspeed"
@@ -383,6 +397,8 @@ class DeepSpeedBackend(TorchDistributedBackend):
     plan_terms = PlanTerms("DeepSpeed ZeRO-{stage}", cost_rank=(3, 4, 5, 7),
                            zero_stages=(0, 1, 2, 3), sharding="zero", casts_model=("fp16",))
     stage: ClassVar[int]
+    #: train --compile compiles the transformer blocks (prepare_compiled_blocks)
+    compiled_blocks = False
 
     @classmethod
     def verdict(cls, cuda: bool) -> Verdict:
@@ -517,15 +533,13 @@ class DeepSpeedBackend(TorchDistributedBackend):
         super().check_config(batch_size)
         self.config = self.build_config(batch_size, self.settings.clip_grad_norm)
 
-    def check_compiled_blocks(self) -> None:
+    def prepare_compiled_blocks(self) -> None:
         """ZeRO-3 gathers each layer's weights in forward hooks on every submodule, which
         DeepSpeed marks torch.compiler.disable: a compiled block would break at its first
-        layer (seen with DeepSpeed 0.19)."""
-        if self.config["zero_optimization"].get("stage", 0) == 3:
-            raise ConfigError("--compile cannot run under ZeRO stage 3: DeepSpeed gathers "
-                              "each layer's weights in hooks that torch.compile cannot trace",
-                              "use --zero_stage 0, 1 or 2, or --distributed_backend fsdp, "
-                              "which shards compiled blocks")
+        layer (seen with DeepSpeed 0.19). So under --compile distribute makes each
+        transformer block a ZeRO-3 leaf module (zero3_leaf_blocks): its gathers move onto
+        the block's own call, outside the compiled graph, as FSDP2's do."""
+        self.compiled_blocks = True
 
     def rank_batch_size(self, batch_size: int) -> int:
         return int(self.config["train_micro_batch_size_per_gpu"])
@@ -549,6 +563,8 @@ class DeepSpeedBackend(TorchDistributedBackend):
             module = placed(module, weights, device)
         if config["fp16"]["enabled"]:
             _autocast_forward(module, device, torch.float16)
+        if self.compiled_blocks and int(config["zero_optimization"]["stage"]) == 3:
+            zero3_leaf_blocks(shard_units)
         optimizer = None
         if "optimizer" in config:
             self.warn("--deepspeed_config defines an optimizer: it replaces dalle_dist's Adam")

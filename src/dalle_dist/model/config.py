@@ -228,7 +228,8 @@ class ComputeConfig(DictConfig):
     compile: bool = option(
         False, "torch.compile each transformer block's training step (fullgraph, one graph "
         "per kind of block, compiled in the second step; the first step, sampling and "
-        "validation stay eager). Every backend but ZeRO-3; the log gives the compile time")
+        "validation stay eager). Every backend (under ZeRO-3 each block is a leaf module, "
+        "gathered whole); the log gives the compile time")
     compile_backend: str | None = option(
         None, "the torch.compile backend of --compile", choices=COMPILE_BACKENDS,
         default_text=f"default: {COMPILE_BACKENDS[0]}")

@@ -51,11 +51,11 @@ TIMED_STEPS = 3
 def check_compile(compiler: str, backend: DistributedBackend) -> None:
     """What torch.compile with `compiler` needs on this rank's device, and whether the
     distributed backend lets a block compile whole (DistributedBackend.
-    check_compiled_blocks), checked before the model is built: a missing compiler or a
+    prepare_compiled_blocks), checked before the model is built: a missing compiler or a
     graph break would otherwise fail the first compiled step with a long traceback."""
     import torch._dynamo
 
-    backend.check_compiled_blocks()
+    backend.prepare_compiled_blocks()
     device = backend.device
     if not torch._dynamo.is_dynamo_supported():
         raise ConfigError(f"--compile: torch.compile does not run on Python "
