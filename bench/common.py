@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dalle_dist.train.compile import DEFAULT_BACKEND, CompiledBlocks, compile_blocks
-
 if TYPE_CHECKING:
     from dalle_dist.model.transformer import Transformer
+    from dalle_dist.train.compile import CompiledBlocks
 
 
 def set_threads(threads: int) -> None:
@@ -91,16 +90,21 @@ def machine() -> dict[str, Any]:
     return record
 
 
-def compile_fresh(transformer: Transformer, backend: str = DEFAULT_BACKEND
-                  ) -> CompiledBlocks:
+def compile_fresh(transformer: Transformer, backend: str | None = None) -> CompiledBlocks:
     """compile_blocks on a cleared dynamo, as `train --compile` starts: in a process of its
     own. Dynamo keeps a block's graphs per code object for the whole process, so a bench
     that compiles models of several sizes in turn would otherwise get, for the second
     size, a graph with the sequence length symbolic (automatic dynamic shapes: other
     kernels than the static ones a training run compiles, so other timings), and would
-    stop with fullgraph's hard error at the 9th graph (dynamo's recompile_limit, 8)."""
+    stop with fullgraph's hard error at the 9th graph (dynamo's recompile_limit, 8).
+    backend: train --compile_backend's (default inductor). Imported here: the scripts
+    that only share this module's timing run under DALLE-pytorch's interpreter too."""
+    import torch._dynamo
+
+    from dalle_dist.train.compile import DEFAULT_BACKEND, compile_blocks
+
     torch._dynamo.reset()
-    return compile_blocks(transformer, backend)
+    return compile_blocks(transformer, backend or DEFAULT_BACKEND)
 
 
 def emit(result: dict[str, Any]) -> None:

@@ -192,8 +192,7 @@ def band_scores(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout
     # [b, h, s * s, d], all contiguous: a batched matmul copies a strided operand anyway
     # when the batch is over 1 (qkv's batch and head strides do not merge).
     q_text, k_text, v_text, q_img, k_img, v_img = TextAndGrid.apply(q, k, v, text, s * s)
-    out_text = F.scaled_dot_product_attention(q_text, k_text, v_text, is_causal=True,
-                                              dropout_p=dropout)
+    out_text = _text_part(q_text, k_text, v_text, text, dropout)
     # Scaled here: d values a query, not text + band x s scores.
     q_img = q_img.mul_(1 / math.sqrt(dh))
 
