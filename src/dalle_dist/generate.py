@@ -23,6 +23,8 @@ from dalle_dist.fileio import atomic_writer, ensure_writable_dir
 from dalle_dist.model import DALLE, ImageTokenizer
 from dalle_dist.model.decoding import StaticDecoder
 from dalle_dist.model.init import on_meta
+from dalle_dist.model.kernels import check_flex_toolchain
+from dalle_dist.model.toolchain import require_toolchain
 from dalle_dist.train.cuda_settings import TF32_ON, set_cudnn_benchmark, set_tf32
 
 
@@ -208,6 +210,8 @@ def generate(dalle_path: str, prompts: Sequence[str], outputs_dir: str, config: 
     (train.cuda_settings)."""
     config.validate()
     dtype = config.check_precision(device)
+    if config.compile:  # inductor builds the decode step's kernels (model/toolchain.py)
+        require_toolchain(device.type, "generate --compile", "drop --compile")
     if taming is not None:
         taming.validate(GENERATE_FIX)
     if not prompts or (not config.gentxt and any(not p.strip() for p in prompts)):
@@ -220,6 +224,7 @@ def generate(dalle_path: str, prompts: Sequence[str], outputs_dir: str, config: 
     set_cudnn_benchmark(device)
     sampler = load_sampler(dalle_path, device, tokenizer=tokenizer, taming=taming, dtype=dtype,
                            use_ema=not config.no_ema)
+    check_flex_toolchain(sampler.model.config.attn_types, "auto", device)
     if sampler.weights == "ema":
         log("sampling from the checkpoint's EMA weights (--no_ema: its trained weights)")
     if config.cond_scale != 1.0 and not sampler.model.config.null_cond_prob:

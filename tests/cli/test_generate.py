@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.conftest import run_cli
+from tests.conftest import assert_user_error, run_cli
 
 PROMPTS = "a small red circle on the left|a large blue square at the top"
 FOLDERS = ["a_small_red_circle_on_the_left", "a_large_blue_square_at_the_top"]
@@ -96,6 +96,20 @@ def test_compile_gives_the_same_images(runs: dict[str, Run], tiny_dalle: Path,
     eager = runs["seed7"].outputs / FOLDERS[0]
     for name in ("0.png", "1.png"):
         assert (outputs / FOLDERS[0] / name).read_bytes() == (eager / name).read_bytes(), name
+
+
+def test_compile_without_a_cpp_compiler_is_refused_before_sampling(tiny_dalle: Path,
+                                                                    tmp_path: Path) -> None:
+    """--compile where inductor has no C++ compiler (CXX names none): one error line before
+    the checkpoint is read, no outputs folder. Bug: no check, so the run loaded the model
+    and failed at the first compiled decode step with inductor's traceback."""
+    outputs = tmp_path / "out"
+    result = run_cli("generate", "--dalle_path", str(tiny_dalle), "--text", "a red circle",
+                     "--compile", "--outputs_dir", str(outputs), "--device", "cpu",
+                     cwd=tmp_path, env={"CXX": str(tmp_path / "no-such-g++")})
+    assert_user_error(result, "generate --compile needs a C++ compiler on CPU",
+                      "apt-get install g++", "or drop --compile")
+    assert not outputs.exists()
 
 
 def test_precision_samples_from_the_cast_model(sharp_dalle: Path, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ The 2-rank runs: tests/backends/test_compile.py.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +27,9 @@ from dalle_dist.train.config import ProfileConfig
 from dalle_dist.train.job import TrainJob
 from tests.backends.runs import COMPILE_PATTERNS, TWENTY_STEPS, Run, assert_compiled_like_eager
 from tests.conftest import TINY_DALLE_FLAGS, assert_user_error, run_cli
+
+#: A sitecustomize that empties sysconfig's include path (a Python without Python.h).
+NO_HEADERS = Path(__file__).parent / "no_python_headers"
 
 
 def tiny_dalle(attn_types: tuple[str, ...], attn_impl: str = "auto", **options: bool
@@ -118,6 +122,30 @@ def test_a_missing_cpp_compiler_is_refused_before_training(tmp_path: Path,
     assert_user_error(result, "--compile: inductor needs a C++ compiler on CPU",
                       "--compile_backend aot_eager")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_python_without_its_headers_is_refused_before_training(tmp_path: Path,
+                                                                 tiny_vae: Path) -> None:
+    """A Python without its -dev package (sysconfig's include folder empty: tests/train/
+    no_python_headers). inductor builds its kernels as Python extensions, so a run there
+    fails at its first compiled step with "fatal error: Python.h: No such file or
+    directory" (as torch.compile of one sin() does in this environment: 13 s with an empty
+    inductor cache, so not repeated here). Bug: a check that looked for the C++ compiler
+    only. `check` names the same gap."""
+    empty = tmp_path / "include"
+    empty.mkdir()
+    env = {"PYTHONPATH": os.pathsep.join([str(NO_HEADERS), os.environ.get("PYTHONPATH", "")]),
+           "NO_HEADERS_DIR": str(empty)}
+    out = tmp_path / "run"
+    out.mkdir()
+    result = run_cli("train", "--vae_path", str(tiny_vae), *TINY_DALLE_FLAGS, "--compile",
+                     "--shapes_count", "64", "--dalle_output_file_name", str(out / "d"),
+                     cwd=out, env=env)
+    assert_user_error(result, "--compile: inductor needs Python's headers on CPU: no Python.h "
+                      f"in {empty}", "-dev", "--compile_backend aot_eager")
+    assert not list(out.iterdir())
+    check = run_cli("check", env=env)
+    assert "torch.compile inductor on cpu: needs Python's headers" in check.stdout, check.stdout
 
 
 @pytest.mark.parametrize(("samples", "line"), [

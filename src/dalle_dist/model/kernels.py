@@ -27,6 +27,8 @@ Why the remaining non-flash choices stay: docs/design.md, "Attention patterns".
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from dalle_dist.model.attention import resolve_impl
@@ -39,6 +41,7 @@ from dalle_dist.model.patterns import (
     SequenceLayout,
     build_pattern,
 )
+from dalle_dist.model.toolchain import require_toolchain
 
 FLASH = "flash (SDPA)"
 FLEX = "FlexAttention"
@@ -127,3 +130,25 @@ def by_precision(kernels: dict[str, str]) -> str:
     if len(groups) == 1:
         return next(iter(groups))
     return ", ".join(f"{kernel} in {' / '.join(names)}" for kernel, names in groups.items())
+
+
+
+def flex_patterns(attn_types: Sequence[str], attn_impl: str) -> list[str]:
+    """The patterns of `attn_types` whose layers run FlexAttention on CUDA with `attn_impl`
+    when they apply no dropout: in validation and sampling always, in training unless
+    --attn_dropout. Only the pattern's kind decides that (resolve_impl), not its sizes."""
+    cuda = torch.device("cuda")
+    return [name for name in dict.fromkeys(attn_types)
+            if resolve_impl(attn_impl, build_pattern(name), cuda) == "flex"]
+
+
+def check_flex_toolchain(attn_types: Sequence[str], attn_impl: str, device: torch.device
+                         ) -> None:
+    """Refuse, before the run, a CUDA run whose FlexAttention inductor cannot compile here
+    (model/toolchain.py): it would fail at its first band layer with Triton's traceback."""
+    if device.type != "cuda":
+        return
+    names = flex_patterns(attn_types, attn_impl)
+    if names:
+        require_toolchain("cuda", f"FlexAttention (--attn_impl {attn_impl}, for "
+                          f"{', '.join(names)})", "--attn_impl gather, which compiles nothing")

@@ -49,6 +49,7 @@ from dalle_dist.model.attention_paths import flex_dropout_error
 from dalle_dist.model.config import ComputeConfig
 from dalle_dist.model.image_tokenizer import content_hash
 from dalle_dist.model.init import WeightStream, built_on_meta, checkpoint_weights
+from dalle_dist.model.kernels import check_flex_toolchain
 from dalle_dist.train.builtin_vae import BUILTIN_VAE_TRAIN, builtin_vae
 from dalle_dist.train.compile import DEFAULT_BACKEND, check_compile
 from dalle_dist.train.config import (
@@ -562,6 +563,11 @@ def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | No
     if compile_backend is not None:  # after begin: the backend's config is complete there
         backend.everywhere("the --compile check",
                            lambda: check_compile(compile_backend, backend))
+    if backend.device.type == "cuda":  # FlexAttention compiles there: before any VAE trains
+        attn_types = (run.payload["configs"]["model"]["attn_types"] if run.payload is not None
+                      else model_args.get("attn_types", ()))
+        backend.everywhere("the FlexAttention check", lambda: check_flex_toolchain(
+            attn_types, attn_impl, backend.device))
     if run.payload is not None:
         check_carried_vqgan(run.payload["configs"]["vae"], taming, resume.flag,
                             run.payload["loaded_from"])

@@ -36,6 +36,7 @@ import torch
 
 from dalle_dist.errors import ConfigError
 from dalle_dist.model.config import COMPILE_BACKENDS
+from dalle_dist.model.toolchain import require_toolchain
 
 if TYPE_CHECKING:
     from dalle_dist.backends import DistributedBackend
@@ -49,10 +50,11 @@ TIMED_STEPS = 3
 
 
 def check_compile(compiler: str, backend: DistributedBackend) -> None:
-    """What torch.compile with `compiler` needs on this rank's device, and whether the
-    distributed backend lets a block compile whole (DistributedBackend.
-    prepare_compiled_blocks), checked before the model is built: a missing compiler or a
-    graph break would otherwise fail the first compiled step with a long traceback."""
+    """What torch.compile with `compiler` needs on this rank's device (inductor's build
+    tools: model/toolchain.py), and whether the distributed backend lets a block compile
+    whole (DistributedBackend.prepare_compiled_blocks), checked before the model is built:
+    a missing compiler, Python.h or a graph break would otherwise fail the first compiled
+    step with a long traceback."""
     import torch._dynamo
 
     backend.prepare_compiled_blocks()
@@ -61,25 +63,8 @@ def check_compile(compiler: str, backend: DistributedBackend) -> None:
         raise ConfigError(f"--compile: torch.compile does not run on Python "
                           f"{sys.version_info.major}.{sys.version_info.minor} with torch "
                           f"{torch.__version__}", "drop --compile")
-    if compiler != "inductor":
-        return
-    if device.type == "cuda":
-        from torch.utils._triton import has_triton
-
-        if not has_triton():
-            raise ConfigError("--compile: inductor needs Triton on CUDA and it does not import",
-                              "pip install the triton your torch names, or use "
-                              "--compile_backend aot_eager")
-    elif device.type == "cpu":
-        from torch._inductor import cpp_builder
-
-        try:
-            cpp_builder.get_cpp_compiler()
-        except Exception as error:  # inductor's InvalidCxxCompiler, or a failed probe
-            raise ConfigError(f"--compile: inductor needs a C++ compiler on CPU: "
-                              f"{str(error).strip().splitlines()[0]}",
-                              "install g++ or set CXX, or use --compile_backend aot_eager"
-                              ) from error
+    if compiler == "inductor":
+        require_toolchain(device.type, "--compile: inductor", "use --compile_backend aot_eager")
 
 
 class CompiledBlocks:
