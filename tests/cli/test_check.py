@@ -144,7 +144,8 @@ def test_human_report_and_cuda_smoke_on_a_cpu_machine() -> None:
     assert result.returncode == 0, result.stderr
     text = result.stdout
     for heading in ("python", "torch", "torch.distributed", "/dev/shm", "deepspeed",
-                    "horovod", "apex", "triton", "flex attention", "sdpa kernels"):
+                    "horovod", "apex", "triton", "flex attention", "sdpa kernels",
+                    "torch.compile inductor on cpu: ready"):
         assert any(line.startswith(heading) for line in text.splitlines()), heading
     assert "requested: single fp32: usable" in text
     assert "cuda smoke: failed: no CUDA device" in text

@@ -34,6 +34,7 @@ from dalle_dist.backends.verdict import error_line, installed_version
 from dalle_dist.model.config import DALLEConfig, VAEConfig
 from dalle_dist.model.kernels import by_precision, cuda_capability
 from dalle_dist.model.patterns import PATTERNS
+from dalle_dist.model.toolchain import inductor_toolchain
 from dalle_dist.plan.advice import attention_kernels
 
 SHM_WARN_BYTES = 1 << 30
@@ -160,6 +161,34 @@ def kernel_lines(kernels: dict[str, Any]) -> list[str]:
     return lines
 
 
+def compile_facts(cuda: bool) -> dict[str, Any]:
+    """Whether torch.compile's inductor can build kernels here (model/toolchain.py), for
+    this machine's device: what `train --compile`, `generate --compile` and, on CUDA,
+    FlexAttention need. {"device", "ready", "compiler", "python_headers", "triton",
+    "missing" (what is wrong, per part), "fix"}."""
+    toolchain = inductor_toolchain("cuda" if cuda else "cpu")
+    return {"device": toolchain.device, "ready": toolchain.ready,
+            "compiler": toolchain.compiler, "python_headers": toolchain.python_headers,
+            "triton": toolchain.triton,
+            "missing": [why for _, why in toolchain.missing],
+            "needs": toolchain.needs() if toolchain.missing else None,
+            "fix": toolchain.fix() if toolchain.missing else None}
+
+
+def compile_line(facts: dict[str, Any]) -> str:
+    """`compile_facts` as one line of `dalle-dist check`."""
+    users = ("train --compile, generate --compile and FlexAttention (--attn_impl auto's "
+             "band patterns)" if facts["device"] == "cuda"
+             else "train --compile and generate --compile")
+    if facts["ready"]:
+        tools = [facts["compiler"], "Python.h"] + ([f"triton {facts['triton']}"]
+                                                  if facts["triton"] else [])
+        return f"torch.compile inductor on {facts['device']}: ready ({', '.join(tools)}): {users}"
+    return (f"torch.compile inductor on {facts['device']}: needs {facts['needs']} "
+            f"({'; '.join(facts['missing'])}): {users} stop before they start "
+            f"(fix: {facts['fix']})")
+
+
 # -- verdicts ----------------------------------------------------------------------------
 
 def report(backend: str | None = None, precision: str | None = None) -> dict[str, Any]:
@@ -185,6 +214,7 @@ def report(backend: str | None = None, precision: str | None = None) -> dict[str
         "shm": shm_facts(),
         "engines": {**engines, "apex": apex_facts()},
         "attention": attention_facts(cuda),
+        "compile": compile_facts(cuda),
         "backends": backends,
         "precisions": precisions,
         "requested": {"backend": chosen_backend, "precision": chosen_precision,

@@ -19,8 +19,9 @@ from dalle_dist.config_base import JsonOutput, add_flags
 def add_check(p: argparse.ArgumentParser) -> None:
     p.description = ("Report python, torch and its CUDA/ROCm build, devices, "
                      "process-group backends, /dev/shm, DeepSpeed, Horovod, "
-                     "Apex, Triton and attention kernels, then a verdict per "
-                     "backend and precision. Launches and builds nothing.")
+                     "Apex, Triton, attention kernels and torch.compile's build tools, "
+                     "then a verdict per backend and precision. Launches and builds "
+                     "nothing.")
     p.add_argument("--backend", choices=BACKEND_NAMES, default=None,
                    help="the backend to judge for the exit status (default single)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
@@ -116,6 +117,10 @@ def lines(info: dict[str, Any]) -> list[str]:
     out.append(f"triton        {att['triton'] or 'not installed'}")
     out.append(f"flex attention  {att['flex_attention']}")
     out.append("sdpa kernels  " + ", ".join(k for k, v in att["sdpa"].items() if v))
+    if "compile" in info:
+        from dalle_dist.check.environment import compile_line
+
+        out.append(compile_line(info["compile"]))
     if "kernels" in att:
         from dalle_dist.check.environment import kernel_lines
 
