@@ -80,7 +80,7 @@ DEV_REPOS = {"deepspeedai/DeepSpeed", "microsoft/DeepSpeed", "pytorch/pytorch",
 DEV_MIN_LOGS, DEV_MIN_UNKNOWN, DEV_MIN_PER_CATEGORY = 95, 10, 5
 #: Categories with fewer real dev logs than DEV_MIN_PER_CATEGORY, and how many they have:
 #: few threads in the dev repositories paste these failures whole.
-DEV_SHORT = {"launcher-args": 4, "batch-size": 4, "other": 4}
+DEV_SHORT = {"launcher-args": 4, "batch-size": 4}
 URL = re.compile(r"^https://github\.com/(?P<repo>[\w.-]+/[\w.-]+)/"
                  r"(?:issues|pull|discussions)/(?P<number>\d+)(?:#[\w-]+)?$")
 

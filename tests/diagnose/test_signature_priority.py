@@ -14,14 +14,16 @@ import pkgutil
 from dalle_dist.doctor import signatures
 from dalle_dist.doctor.signatures import MODULES, SIGNATURES
 
-#: SIGNATURES as the single list held them (dalle_dist/diagnose/signatures.py, issue 22).
+#: SIGNATURES as the single list held them (dalle_dist/diagnose/signatures.py, issue 22),
+#: with the entries added since in their places (torch.compile's build tools, issue 25).
 OLD_ORDER = (
     "ds-loss-scale-at-minimum", "apex-loss-scale-collapse", "ds-loss-scale-collapse",
     "lg-loss-scale-collapse", "loss-scale-column-collapse", "sampling-nan-probabilities",
     "cuda-out-of-memory", "torch-cpu-build", "nvidia-driver-missing", "nvidia-driver-too-old",
     "gpu-arch-unsupported", "no-gpu-visible", "cuda-is-available-false", "libcudart-missing",
     "fp16-without-gpu", "bf16-unsupported", "triton-optional-missing",
-    "triton-optional-notice", "triton-unusable", "triton-missing", "triton-api-mismatch",
+    "triton-optional-notice", "triton-unusable", "triton-c-compiler-missing", "triton-missing",
+    "triton-api-mismatch",
     "ds-sparse-attention-unavailable", "ds-sparse-attention-fp16-only",
     "ds-cuda-home-missing", "ds-cuda-toolkit-mismatch", "torch-ext-cuda-mismatch",
     "ds-ninja-missing", "ds-op-build-failed", "deepspeed-not-installed",
@@ -37,7 +39,8 @@ OLD_ORDER = (
     "no-launcher-environment", "port-in-use", "nccl-duplicate-gpu", "nccl-network",
     "dalle-dist-peer-lost", "horovod-stall", "horovod-shut-down", "gloo-timeout",
     "ddp-grad-strides-mismatch", "collective-timeout", "nccl-error", "host-oom-killed",
-    "disk-full", "checkpoint-file-unwritable", "shared-memory-exhausted", "nan-loss",
+    "inductor-cxx-compiler-missing", "python-headers-missing", "disk-full",
+    "checkpoint-file-unwritable", "shared-memory-exhausted", "nan-loss",
     "dalle-dist-error", "ds-overflow-skip", "apex-gradient-overflow", "torchrun-omp-threads",
     "ds-cuda-minor-mismatch-accepted", "ds-launcher-notices",
 )

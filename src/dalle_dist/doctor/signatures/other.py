@@ -1,7 +1,8 @@
 """Known failures outside the engines' categories (other): host RAM or shared memory
-exhausted, a full disk, a NaN loss without fp16, and dalle-dist's own `error: ... (fix)`
-lines. Ranks 1400s, after every engine's entries: dalle-dist-error (1425), which reads
-any of dalle-dist's error lines, decides only where nothing more specific does.
+exhausted, torch.compile's build tools missing (a C++ compiler, Python.h), a full disk, a
+NaN loss without fp16, and dalle-dist's own `error: ... (fix)` lines. Ranks 1400s, after
+every engine's entries: dalle-dist-error (1425), which reads any of dalle-dist's error
+lines, decides only where nothing more specific does.
 """
 
 from __future__ import annotations
@@ -24,6 +25,32 @@ SIGNATURES: tuple[Signature, ...] = (
         "for more memory",
         "dmesg -T | grep -i 'killed process'",
         priority=1400),
+    # torch.compile's inductor builds its CPU kernels with a C++ compiler, as Python
+    # extensions (Python.h); Triton's launcher on CUDA includes Python.h as well. A slim
+    # container or a system Python without its -dev package fails at the first compile.
+    Signature(
+        "inductor-cxx-compiler-missing", "other",
+        (r"No working C\+\+ compiler found in torch\._inductor",
+         r"\bInvalidCxxCompiler\b"),
+        "torch.compile's inductor found no C++ compiler: it builds its CPU kernels as C++ "
+        "while the run goes on",
+        "install g++ (apt-get install g++, or build-essential) or point CXX at a compiler; "
+        "or run without torch.compile (dalle-dist: drop --compile, or --compile_backend "
+        "aot_eager)",
+        "${CXX:-g++} --version",
+        priority=1401),
+    Signature(
+        "python-headers-missing", "other",
+        (r"fatal error: '?Python\.h'?: No such file or directory",
+         r"'Python\.h' file not found"),
+        "a C or C++ build that includes Python.h found no Python headers: torch.compile "
+        "builds its kernels (inductor on CPU, Triton's launcher on CUDA) against them, and "
+        "this Python's -dev package is not installed",
+        "install this Python's headers (apt-get install python3-dev, or python3.X-dev for "
+        "Python 3.X; a conda or pyenv Python carries them)",
+        "python -c \"import sysconfig, os; "
+        "print(os.path.isfile(sysconfig.get_path('include') + '/Python.h'))\"",
+        priority=1402),
     Signature(
         "disk-full", "other",
         (r"No space left on device",

@@ -50,6 +50,18 @@ SIGNATURES: tuple[Signature, ...] = (
         "(eager) and without DeepSpeed's sparse attention",
         'python -c "import torch, triton; print(torch.__version__, triton.__version__)"',
         priority=410),
+    # Triton builds a small C launcher the first time any Triton kernel runs (torch.compile
+    # on CUDA, FlexAttention), with $CC, else gcc, else clang.
+    Signature(
+        "triton-c-compiler-missing", "sparse-attn-triton",
+        (r"Failed to find C compiler\. Please specify via CC",),
+        "Triton found no C compiler: it builds a launcher for its kernels with $CC, else gcc "
+        "or clang, the first time torch.compile or FlexAttention runs on the GPU (slim and "
+        "CUDA runtime containers ship none)",
+        "install gcc (apt-get install gcc, or build-essential) or point CC at a C compiler; "
+        "or run without compiled kernels (dalle-dist: no --compile, --attn_impl gather)",
+        "${CC:-gcc} --version",
+        priority=412),
     Signature(
         "triton-missing", "sparse-attn-triton",
         (r"No module named '?triton'?(?![.\w])",),
