@@ -520,3 +520,26 @@ def test_dockerignore_keeps_environments_outputs_and_caches_out(
 ])
 def test_dockerignore_matcher(patterns: str, path: str, ignored: bool) -> None:
     assert is_ignored(path, read_dockerignore(patterns)) is ignored
+
+
+def test_the_images_compile_checks_run_as_written(instructions: list[Instruction],
+                                                   tmp_path: Path) -> None:
+    """The image installs Python's headers where its Python lacks them and then fails its
+    build if inductor could not compile Triton kernels there (model/toolchain.py). Both
+    are `python3 -c '...'` lines no engine here can build: each runs here instead. Bugs:
+    a snippet that no longer parses or names a function the package renamed (the image
+    would fail to build on the first machine that has Docker), a header check that looks
+    in the wrong folder (always installing, or never), a probe that is not the CUDA one."""
+    snippets = [match.group(1) for i in instructions if i.keyword == "RUN"
+                for match in re.finditer(r"python3 -c '([^']*)'", i.value)]
+    headers = next(s for s in snippets if "Python.h" in s)
+    probe = next(s for s in snippets if "toolchain" in s)
+    assert subprocess.run([sys.executable, "-c", headers], check=False).returncode == 0
+    empty = {**os.environ, "NO_HEADERS_DIR": str(tmp_path),
+             "PYTHONPATH": str(ROOT / "tests" / "train" / "no_python_headers")}
+    assert subprocess.run([sys.executable, "-c", headers], env=empty,
+                          check=False).returncode == 1
+    result = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "CC": "no-cc"},
+                            capture_output=True, text=True, check=False)
+    assert "ConfigError: this image needs" in result.stderr, result.stderr
+    assert "on CUDA: " in result.stderr and "$CC=no-cc is not a program here" in result.stderr
