@@ -132,7 +132,6 @@ def by_precision(kernels: dict[str, str]) -> str:
     return ", ".join(f"{kernel} in {' / '.join(names)}" for kernel, names in groups.items())
 
 
-
 def flex_patterns(attn_types: Sequence[str], attn_impl: str) -> list[str]:
     """The patterns of `attn_types` whose layers run FlexAttention on CUDA with `attn_impl`
     when they apply no dropout: in validation and sampling always, in training unless
