@@ -51,6 +51,9 @@ def test_quick_cpu_run_passes_every_cpu_check(quick_cpu_run: tuple[dict, str]) -
     checks = {c["name"]: c for c in report["checks"]}
     assert report["device"] == "cpu" and report["passed"] and report["counts"]["FAIL"] == 0
     assert report["complete"] is True  # (a run stopped part-way says false: below)
+    # what the compiling checks need, recorded so that a GPU report's FAIL can say why
+    toolchain = report["environment"]["compile_toolchain"]
+    assert toolchain["ready"] and toolchain["missing"] == [], toolchain
     for check in checks.values():
         if check["cuda_only"]:
             assert check["status"].startswith("not run: no CUDA"), check

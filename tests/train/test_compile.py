@@ -134,7 +134,8 @@ def test_a_python_without_its_headers_is_refused_before_training(tmp_path: Path,
     only. `check` names the same gap."""
     empty = tmp_path / "include"
     empty.mkdir()
-    env = {"PYTHONPATH": os.pathsep.join([str(NO_HEADERS), os.environ.get("PYTHONPATH", "")]),
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(NO_HEADERS),
+                                                        os.environ.get("PYTHONPATH")])),
            "NO_HEADERS_DIR": str(empty)}
     out = tmp_path / "run"
     out.mkdir()

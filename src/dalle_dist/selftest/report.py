@@ -82,14 +82,22 @@ def guarded(report: Report, name: str, cuda_only: bool, run: Callable[[], Outcom
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    """The versions and the device the verdicts hold for."""
+    """The versions and the device the verdicts hold for, and whether inductor can build
+    kernels there (model/toolchain.py): without its tools every check that compiles
+    (FlexAttention, compiled sampling, `figures compile`) fails, and this names why."""
     import torch
 
     import dalle_dist
+    from dalle_dist.model.toolchain import inductor_toolchain
 
+    toolchain = inductor_toolchain(device.type)
     env = {"python": platform.python_version(), "torch": torch.__version__,
            "dalle_dist": dalle_dist.__version__, "cuda_build": torch.version.cuda,
-           "cpu_threads": torch.get_num_threads()}
+           "cpu_threads": torch.get_num_threads(),
+           "compile_toolchain": {"ready": toolchain.ready, "compiler": toolchain.compiler,
+                                 "python_headers": toolchain.python_headers,
+                                 "triton": toolchain.triton,
+                                 "missing": [why for _, why in toolchain.missing]}}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env["gpu"] = {"name": props.name, "memory_bytes": props.total_memory,
