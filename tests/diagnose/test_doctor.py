@@ -56,6 +56,7 @@ EXPECTED_SIGNATURE: dict[str, str | None] = {
     "apex-missing-or-wrong__amp-c-undefined-symbol": "apex-extension-stale",
     "apex-missing-or-wrong__module-has-no-attribute-amp": "apex-amp-missing",
     "batch-size__captured-torchrun-cpu-odd-batch": "batch-not-divisible",
+    "other__captured-train-compile-no-python-headers": "python-headers-missing",
     "batch-size__dalle-dist-ds-micro-mismatch": "batch-not-divisible",
     "batch-size__dalle-dist-global-batch": "batch-not-divisible",
     "batch-size__dataset-too-small": "batch-larger-than-data",
