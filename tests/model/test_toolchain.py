@@ -3,8 +3,9 @@ named missing, and the CUDA runs that need it (FlexAttention) refused before the
 
 A missing part is made real where the environment can make it so ($CC, $PATH); Python.h
 is hidden by pointing sysconfig's include path, which inductor and Triton both read, at an
-empty folder (tests/train/test_compile.py does the same to a whole `train --compile` run
-and shows inductor's own compile failing without the check).
+empty folder (tests/train/test_compile.py does the same to a whole `train --compile` run;
+tests/diagnose/logs/other__captured-train-compile-no-python-headers.log is such a run
+without the check, failing at its first compiled step).
 """
 
 from __future__ import annotations
