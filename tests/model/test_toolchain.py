@@ -48,6 +48,10 @@ def test_missing_python_headers_are_named_with_the_package_to_install(
     monkeypatch.setattr(sysconfig, "get_path", lambda name, *args, **kwargs: (
         str(tmp_path) if name == "include" else get_path(name, *args, **kwargs)))
     assert parts("cpu") == {"headers": f"no Python.h in {tmp_path}"}
+    report = inductor_toolchain("cpu").as_dict()  # check --json's `compile`, the selftest's
+    assert (report["ready"], report["python_headers"], report["needs"]) == (
+        False, None, "Python's headers"), report
+    assert report["missing"] == [f"no Python.h in {tmp_path}"] and "-dev" in report["fix"]
     assert set(parts("cuda")) >= {"headers"}
     with pytest.raises(ConfigError) as raised:
         require_toolchain("cpu", "--compile: inductor", "use --compile_backend aot_eager")

@@ -164,15 +164,8 @@ def kernel_lines(kernels: dict[str, Any]) -> list[str]:
 def compile_facts(cuda: bool) -> dict[str, Any]:
     """Whether torch.compile's inductor can build kernels here (model/toolchain.py), for
     this machine's device: what `train --compile`, `generate --compile` and, on CUDA,
-    FlexAttention need. {"device", "ready", "compiler", "python_headers", "triton",
-    "missing" (what is wrong, per part), "fix"}."""
-    toolchain = inductor_toolchain("cuda" if cuda else "cpu")
-    return {"device": toolchain.device, "ready": toolchain.ready,
-            "compiler": toolchain.compiler, "python_headers": toolchain.python_headers,
-            "triton": toolchain.triton,
-            "missing": [why for _, why in toolchain.missing],
-            "needs": toolchain.needs() if toolchain.missing else None,
-            "fix": toolchain.fix() if toolchain.missing else None}
+    FlexAttention need (Toolchain.as_dict)."""
+    return inductor_toolchain("cuda" if cuda else "cpu").as_dict()
 
 
 def compile_line(facts: dict[str, Any]) -> str:

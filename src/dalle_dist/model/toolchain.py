@@ -24,6 +24,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dalle_dist.errors import ConfigError
 
@@ -36,6 +37,9 @@ FIXES: dict[str, str] = {
                 "python3-dev; a conda or pyenv Python carries them)"),
     "triton": "pip install the triton release this torch names (pip show torch: Requires)",
 }
+#: Each part as a sentence names it.
+PARTS: dict[str, str] = {"cxx": "a C++ compiler", "cc": "a C compiler for Triton",
+                         "headers": "Python's headers", "triton": "Triton"}
 
 
 @dataclass(frozen=True)
@@ -54,9 +58,7 @@ class Toolchain:
 
     def needs(self) -> str:
         """'a C compiler and Python's headers': the missing parts, for a sentence."""
-        names = {"cxx": "a C++ compiler", "cc": "a C compiler for Triton",
-                 "headers": "Python's headers", "triton": "Triton"}
-        parts = [names[part] for part, _ in self.missing]
+        parts = [PARTS[part] for part, _ in self.missing]
         return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
 
     def details(self) -> str:
@@ -64,6 +66,15 @@ class Toolchain:
 
     def fix(self) -> str:
         return "; ".join(FIXES[part] for part, _ in self.missing)
+
+    def as_dict(self) -> dict[str, Any]:
+        """For reports (`check --json`'s `compile`, the selftest's environment): the tools
+        found, what is wrong per missing part, and the sentence parts (None when ready)."""
+        return {"device": self.device, "ready": self.ready, "compiler": self.compiler,
+                "python_headers": self.python_headers, "triton": self.triton,
+                "missing": [why for _, why in self.missing],
+                "needs": self.needs() if self.missing else None,
+                "fix": self.fix() if self.missing else None}
 
 
 def python_headers() -> str | None:

@@ -90,14 +90,10 @@ def environment(device: torch.device) -> dict[str, Any]:
     import dalle_dist
     from dalle_dist.model.toolchain import inductor_toolchain
 
-    toolchain = inductor_toolchain(device.type)
     env = {"python": platform.python_version(), "torch": torch.__version__,
            "dalle_dist": dalle_dist.__version__, "cuda_build": torch.version.cuda,
            "cpu_threads": torch.get_num_threads(),
-           "compile_toolchain": {"ready": toolchain.ready, "compiler": toolchain.compiler,
-                                 "python_headers": toolchain.python_headers,
-                                 "triton": toolchain.triton,
-                                 "missing": [why for _, why in toolchain.missing]}}
+           "compile_toolchain": inductor_toolchain(device.type).as_dict()}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env["gpu"] = {"name": props.name, "memory_bytes": props.total_memory,
