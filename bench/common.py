@@ -107,6 +107,17 @@ def compile_fresh(transformer: Transformer, backend: str | None = None) -> Compi
     return compile_blocks(transformer, backend or DEFAULT_BACKEND)
 
 
+def keep_train_heap() -> bool:
+    """What `train` does on CPU before its first step (train/cpu_settings.keep_heap): glibc's
+    malloc keeps freed memory for the next step. A bench that times our step alone, as a
+    training process runs it, makes the same setting; without it the step faults its
+    largest tensors in afresh (docs/benchmarks.md: CPU training 5 to 10% slower). Imported
+    here, as in compile_fresh."""
+    from dalle_dist.train.cpu_settings import keep_heap
+
+    return keep_heap(torch.device("cpu"))
+
+
 def emit(result: dict[str, Any]) -> None:
     """The result as indented JSON on stdout, with the machine (machine()) added unless
     the script recorded it."""

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import compile_fresh, emit, median, set_threads
+from common import compile_fresh, emit, keep_train_heap, median, set_threads
 
 from dalle_dist.model import DALLE, DALLEConfig
 from dalle_dist.train.compile import DEFAULT_BACKEND
@@ -116,8 +116,10 @@ def main() -> None:
     if args.warmup < 1:
         parser.error("--warmup must be at least 1: the compile happens in the first round")
     set_threads(args.threads)
+    heap_kept = keep_train_heap()  # both copies step in this process, as train's would
     sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes.split(",")]
     emit({"bench": "compile_speedup", "config": vars(args), "torch": torch.__version__,
+          "heap_kept": heap_kept,
           "results": [measure(tokens, batch, args) for tokens, batch in sizes]})
 
 

@@ -52,7 +52,11 @@ its pages faulted in: DALLE-pytorch's score tensors at 1024 tokens are such tens
 280,000 minor faults a step at `full`), ours are not (0 or 1), so fixing the thresholds
 (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) speeds theirs and lowers the ratios, as
 another allocator preloaded (LD_PRELOAD) may; the JSON's `machine` records those variables
-and the CPU (docs/benchmarks.md has the figures both ways).
+and the CPU (docs/benchmarks.md has the figures both ways). This process keeps glibc's
+defaults for both, as a user of theirs runs it. In it our step faults nothing: the heap that
+their large blocks leave behind serves ours. In a process of its own it did (18,000 to
+29,000 faults a step), until `train` kept its heap on CPU (train/cpu_settings.py, which
+bench/train_step.py applies too), so the figures here are ours as `train` now runs.
 
 Pattern `sparse` is DALLE-pytorch's DeepSpeed sparse attention: its kernel is Triton on
 CUDA, so on a CPU it is recorded as skipped, with the reason, and axial_col runs in its

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     add_model_size_args,
     emit,
+    keep_train_heap,
     matmul_peak_flops,
     median,
     peak_rss_mb,
@@ -107,6 +108,7 @@ def main() -> None:
         if scheduler is not None:
             scheduler.step()
 
+    heap_kept = keep_train_heap()
     times = time_steps(step, args.warmup, args.steps)
     step_s = median(times)
     peak = matmul_peak_flops()
@@ -119,6 +121,7 @@ def main() -> None:
         "samples_per_s": round(samples_per_s, 2),
         "median_step_s": round(step_s, 4),
         "peak_rss_mb": round(peak_rss_mb(), 1),
+        "heap_kept": heap_kept,
         "flops_per_step": flops,
         "achieved_gflops": round(flops / step_s / 1e9, 1),
         "matmul_peak_gflops": round(peak / 1e9, 1),

@@ -16,6 +16,7 @@ import torch
 from dalle_dist.data.scorer import predict
 from dalle_dist.data.shapes import ShapesDataset
 from dalle_dist.model import DiscreteVAE, VAEConfig
+from dalle_dist.train.cpu_settings import HEAP_KEPT
 from tests.conftest import run_cli
 
 TRAIN_FLAGS = ["--epochs", "1", "--shapes_count", "64", "--batch_size", "16", "--dim", "32",
@@ -37,6 +38,10 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, Path]:
 def test_first_run_trains_and_caches_a_vae(cache: tuple[Path, str, Path]) -> None:
     cache_dir, stdout, _ = cache
     assert "no --vae_path given: training a VAE on built-in shapes first" in stdout
+    # the VAE's loop kept the heap (train/cpu_settings.py); DALL-E's, in the same process,
+    # says nothing more
+    assert stdout.count(HEAP_KEPT) == 1 and stdout.index(HEAP_KEPT) < stdout.index(
+        "training DALL-E"), stdout
     cached = list((cache_dir / "vae").glob("shapes-32px-*.pt"))
     assert len(cached) == 1 and ".partial" not in cached[0].name
     assert not list((cache_dir / "vae").glob("*.partial.pt")), "the partial file was renamed"

@@ -59,6 +59,7 @@ from dalle_dist.train.config import (
     TrackerConfig,
     TrainConfig,
 )
+from dalle_dist.train.cpu_settings import HEAP_KEPT, keep_heap
 from dalle_dist.train.cuda_settings import TF32_ON, set_cudnn_benchmark, set_tf32
 from dalle_dist.train.dalle_task import DALLETask
 from dalle_dist.train.encode import EncodeJob, encode_images
@@ -264,8 +265,8 @@ class RunSetup:
 
     def train(self, task: Task, loader: Loader, headline: str) -> Engine:
         """The checkpoint's weights into the model, the model distributed, `headline` and
-        the batch logged, optimizer, RNG and position restored, then the loop; returns
-        the trained engine."""
+        the batch logged, optimizer, RNG and position restored, on CPU the heap kept
+        between steps (train.cpu_settings), then the loop; returns the trained engine."""
         backend, train_cfg, log, payload = self.backend, self.train_cfg, self.log, self.payload
         meta = built_on_meta(task.model)
         engine = distribute(task, backend, train_cfg, payload)
@@ -300,6 +301,8 @@ class RunSetup:
             asynchronous=self.resume.async_checkpoint)
         self.saved_to = checkpointer.location
         self.start_trackers(task, engine)
+        if keep_heap(backend.device):  # start-up's memory went back to the kernel as before
+            log.info(HEAP_KEPT)
         failed = True  # a W&B run that ends in an error is marked failed
         try:
             train(task, engine, backend, loader, train_cfg, self.paths, log, state,
