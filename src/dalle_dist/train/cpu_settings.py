@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Mapping
 
 import torch
 
@@ -45,7 +46,7 @@ HEAP_KEPT = ("glibc's malloc keeps the memory a step frees for the next one (ste
              "otherwise)")
 
 
-def user_malloc_choice(environ: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
+def user_malloc_choice(environ: Mapping[str, str] = os.environ) -> str | None:
     """The variable by which the user chose how malloc behaves, or None."""
     for name in USER_MALLOC_VARIABLES:
         if name in environ:
@@ -62,7 +63,7 @@ def glibc() -> ctypes.CDLL | None:
     try:
         if not os.confstr("CS_GNU_LIBC_VERSION"):
             return None
-    except (ValueError, OSError):  # not a name this platform knows
+    except (AttributeError, ValueError, OSError):  # no confstr, or not a name it knows
         return None
     return ctypes.CDLL(None)
 
