@@ -10,8 +10,9 @@ way the next step touches new pages: a `train` run of the bench model took 18,00
 29,000 minor page faults a step, each page zeroed by the kernel before the step may use
 it. Kept (mmap threshold 1 GiB, trim threshold 2 GiB), the same run's steps fault next to
 nothing and it trains 5 to 10% faster (bench/heap_kept.py, docs/benchmarks.md
-"Training"); the peak resident memory stays that of the step (within 3%) and is no longer
-handed back between steps.
+"Training"); the peak resident memory stays within a few percent of the defaults' (4%
+over a run with sample grids, validation and saves, whose odd shapes the heap keeps room
+for) and is no longer handed back between steps.
 
 Set just before the loop, after the model was built, distributed and restored, so start-up
 (a checkpoint read whole, a model sharded) frees its memory to the kernel as before (in a
