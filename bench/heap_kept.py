@@ -25,6 +25,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import emit
+
+from dalle_dist.train.cpu_settings import HEAP_KEPT
+
 MODEL = ["--dim", "256", "--depth", "4", "--heads", "4", "--dim_head", "64",
          "--text_seq_len", "32", "--truncate_captions"]
 VAE_LAYERS = 2
@@ -64,7 +69,7 @@ def run_once(vae: Path, pattern: str, batch: int, steps: int, kept: bool, thread
         _, status, usage = os.wait4(child.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(log.read_text()[-3000:])
-    if ("malloc keeps" in log.read_text()) != kept:
+    if (HEAP_KEPT in log.read_text()) != kept:
         raise SystemExit(f"the run {'did not keep' if kept else 'kept'} its heap: {log}")
     records = [json.loads(line) for line in (folder / "run.metrics.jsonl").read_text()
                .splitlines()]
@@ -82,6 +87,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    if args.steps < 20:
+        parser.error("--steps must be at least 20: runs log every 10 steps and the first "
+                     "window, which holds the first step's set-up, is left out")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -108,9 +116,6 @@ def main() -> None:
                                                / args.steps),
                 "runs_samples_per_s": {name: [round(r["samples_per_s"], 2) for r in rs]
                                        for name, rs in runs.items()}})
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import emit
-
     emit({"bench": "heap_kept", "config": vars(args), "results": results})
 
 
