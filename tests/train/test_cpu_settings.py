@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from dalle_dist.train.cpu_settings import HEAP_KEPT, user_malloc_choice
+from dalle_dist.train.cpu_settings import HEAP_KEPT, glibc, user_malloc_choice
 from tests.backends.runs import Run
 
 BLOCK_KIB = 40 << 10
@@ -64,7 +64,7 @@ def probe(device: str, **env: str) -> dict[str, Any]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not os.confstr("CS_GNU_LIBC_VERSION"), reason="glibc's malloc only")
+@pytest.mark.skipif(glibc() is None, reason="glibc's malloc only")
 def test_a_cpu_run_reuses_its_freed_memory_instead_of_faulting_it_in_again() -> None:
     """Fails if the mmap threshold is not raised (the block is mapped every time) or the trim
     threshold is not (the block comes from the heap, whose free top is handed back at
@@ -92,7 +92,7 @@ def test_a_users_own_malloc_settings_are_theirs() -> None:
     assert user_malloc_choice({"LD_PRELOAD": "/opt/libfoo.so"}) is None
 
 
-@pytest.mark.skipif(not os.confstr("CS_GNU_LIBC_VERSION"), reason="glibc's malloc only")
+@pytest.mark.skipif(glibc() is None, reason="glibc's malloc only")
 def test_a_cpu_training_run_keeps_its_heap(trained: Callable[..., Run]) -> None:
     """The one-process `trained` run logs it once, after the headline and before its first
     step (every backend's run goes through the same RunSetup.train; a 2-rank run's other
