@@ -10,7 +10,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -124,6 +124,42 @@ def emit(result: dict[str, Any]) -> None:
     result.setdefault("machine", machine())
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def comma_list(parser: argparse.ArgumentParser, flag: str, value: str,
+               choices: Collection[str] | None = None) -> list[str]:
+    """`flag`'s comma list, checked before anything is built or timed: an empty entry, or
+    one outside `choices`, is argparse's usage error (exit 2), not a traceback part-way
+    through a run, nor a name no branch reads that the run would time as a default."""
+    items = [item.strip() for item in value.split(",")]
+    if "" in items:
+        parser.error(f"{flag} {value!r}: an empty entry")
+    unknown = [item for item in items if choices is not None and item not in choices]
+    if unknown:
+        parser.error(f"{flag}: unknown {', '.join(map(repr, unknown))} "
+                     f"(known: {', '.join(choices or ())})")
+    return items
+
+
+def positive_ints(parser: argparse.ArgumentParser, flag: str, values: list[str]) -> list[int]:
+    """Each of `values` (parts of `flag`'s value) as an int of at least 1, or the usage
+    error."""
+    try:
+        numbers = [int(value) for value in values]
+    except ValueError:
+        numbers = []
+    if len(numbers) != len(values) or min(numbers, default=1) < 1:
+        parser.error(f"{flag}: {','.join(values)!r} is not a list of positive integers")
+    return numbers
+
+
+def require_positive(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                     *names: str) -> None:
+    """The usage error unless each named integer flag that is set is at least 1."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} must be at least 1, not {value}")
 
 
 def add_model_size_args(parser: argparse.ArgumentParser) -> None:

@@ -25,9 +25,19 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import compile_fresh, emit, keep_train_heap, median, set_threads
+from common import (
+    comma_list,
+    compile_fresh,
+    emit,
+    keep_train_heap,
+    median,
+    require_positive,
+    set_threads,
+)
 
 from dalle_dist.model import DALLE, DALLEConfig
+from dalle_dist.model.config import COMPILE_BACKENDS
+from dalle_dist.model.patterns import PATTERNS
 from dalle_dist.train.compile import DEFAULT_BACKEND
 from dalle_dist.train.optim import make_adam
 
@@ -42,7 +52,7 @@ def measure(tokens: int, batch: int, args: argparse.Namespace) -> dict[str, obje
     cfg = DALLEConfig(num_text_tokens=1000, text_seq_len=args.text_seq_len,
                       num_image_tokens=512, image_fmap_size=side, dim=args.dim,
                       depth=args.depth, heads=args.heads, dim_head=args.dim_head,
-                      attn_types=tuple(args.attn_types.split(",")))
+                      attn_types=tuple(args.attn_types))
     torch.manual_seed(0)
     eager = DALLE(cfg)
     compiled = DALLE(cfg)
@@ -96,6 +106,17 @@ def measure(tokens: int, batch: int, args: argparse.Namespace) -> dict[str, obje
     }
 
 
+def checked_size(parser: argparse.ArgumentParser, size: str) -> tuple[int, int]:
+    """One --sizes entry, TOKENSxBATCH: positive, with a square token count (the grid)."""
+    parts = size.split("x")
+    numbers = [int(part) for part in parts if part.isdigit()]
+    if (len(parts) != 2 or len(numbers) != 2 or min(numbers) < 1
+            or math.isqrt(numbers[0]) ** 2 != numbers[0]):
+        parser.error(f"--sizes: {size!r} is not IMAGE_TOKENSxBATCH with a square number "
+                     "of image tokens (e.g. 256x8)")
+    return numbers[0], numbers[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -108,16 +129,19 @@ def main() -> None:
     parser.add_argument("--dim_head", type=int, default=64)
     parser.add_argument("--text_seq_len", type=int, default=32)
     parser.add_argument("--attn_types", default="full")
-    parser.add_argument("--backend", default=DEFAULT_BACKEND,
+    parser.add_argument("--backend", default=DEFAULT_BACKEND, choices=COMPILE_BACKENDS,
                         help="torch.compile backend (train --compile_backend)")
     parser.add_argument("--sizes", default=",".join(f"{t}x{b}" for t, b in SIZES),
                         help="image tokens x batch, comma list (default 256x8,1024x2)")
     args = parser.parse_args()
     if args.warmup < 1:
         parser.error("--warmup must be at least 1: the compile happens in the first round")
+    require_positive(parser, args, "threads", "rounds", "dim", "depth", "heads", "dim_head",
+                     "text_seq_len")
+    args.attn_types = comma_list(parser, "--attn_types", args.attn_types, PATTERNS)
+    sizes = [checked_size(parser, size) for size in comma_list(parser, "--sizes", args.sizes)]
     set_threads(args.threads)
     heap_kept = keep_train_heap()  # both copies step in this process, as train's would
-    sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes.split(",")]
     emit({"bench": "compile_speedup", "config": vars(args), "torch": torch.__version__,
           "heap_kept": heap_kept,
           "results": [measure(tokens, batch, args) for tokens, batch in sizes]})

@@ -31,10 +31,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit, set_threads
+from common import comma_list, emit, require_positive, set_threads
 from generate import bench_model, bench_vae, linear_pass
 from generate_reference import reference_model, use_cache_path
 
+from dalle_dist.backends.precision_kinds import PRECISION_KINDS
 from dalle_dist.model.decoding import StaticDecoder
 
 
@@ -49,10 +50,10 @@ def contenders(args: argparse.Namespace) -> dict[str, Callable[[], object]]:
         "dalle_pytorch_cached_fp32": lambda: reference.generate_images(
             text, filter_thres=0.9, use_cache=True)}
     vae = bench_vae(cpu)
-    for precision in args.precisions.split(","):
+    for precision in args.precisions:
         model = bench_model("full", args.rotary_shift, precision, cpu)
         found[f"matmul_floor_{precision}"] = image_of_matmuls(model)
-        for mode in args.modes.split(","):
+        for mode in args.modes:
             decoder = StaticDecoder(model, 1, compiled=mode == "compiled")
             generator = torch.Generator().manual_seed(0)
             found[f"ours_{mode}_{precision}"] = (
@@ -76,6 +77,10 @@ def image_of_matmuls(model: torch.nn.Module) -> Callable[[], object]:
     return run
 
 
+#: --modes: our decode step as `generate` runs it, and with `generate --compile`
+MODES = ("eager", "compiled")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -85,6 +90,9 @@ def main() -> None:
     parser.add_argument("--rotary_shift", action="store_true",
                         help="rotary embeddings and shifted tokens in both models")
     args = parser.parse_args()
+    require_positive(parser, args, "threads", "rounds")
+    args.precisions = comma_list(parser, "--precisions", args.precisions, PRECISION_KINDS)
+    args.modes = comma_list(parser, "--modes", args.modes, MODES)
     set_threads(args.threads)
     runs = contenders(args)
     import dalle_pytorch  # after contenders(): reference_model stubs its unused imports

@@ -69,6 +69,7 @@ import argparse
 import gc
 import importlib.metadata
 import importlib.util
+import math
 import statistics
 import sys
 import time
@@ -82,10 +83,20 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_model_size_args, compile_fresh, emit, matmul_peak_flops, set_threads
+from common import (
+    add_model_size_args,
+    comma_list,
+    compile_fresh,
+    emit,
+    matmul_peak_flops,
+    positive_ints,
+    require_positive,
+    set_threads,
+)
 from generate_reference import stub_unused_imports
 
 from dalle_dist.model import DALLE, DALLEConfig
+from dalle_dist.model.patterns import PATTERNS
 from dalle_dist.selftest.mfu import training_flops_per_step
 from dalle_dist.selftest.step_profile import own_times
 from dalle_dist.train.flops import cpu_attention_formulas
@@ -330,9 +341,7 @@ def profile_pair(theirs: Side, ours: Side, top: int, model_flops: float,
 
 
 def compare(args: argparse.Namespace, pattern: str, image_len: int) -> dict[str, Any]:
-    fmap = int(image_len**0.5)
-    if fmap * fmap != image_len:
-        raise ValueError(f"--image_tokens {image_len} is not a square")
+    fmap = math.isqrt(image_len)  # a power of two (main checked it)
     batch = args.batch or DEFAULT_BATCH.get(image_len, 2)
     generator = torch.Generator().manual_seed(0)
     text = torch.randint(1, args.num_text_tokens, (batch, args.text_seq_len),
@@ -379,6 +388,26 @@ def versions() -> dict[str, str]:
     return found
 
 
+def checked_lists(parser: argparse.ArgumentParser, args: argparse.Namespace
+                  ) -> tuple[list[str], list[int]]:
+    """The patterns and image-token counts, every flag checked before a model is built: a
+    bad one is argparse's usage error (exit 2), not DALLE-pytorch's assertion minutes into
+    a run."""
+    require_positive(parser, args, "rounds", "threads", "batch", "dim", "depth", "heads",
+                     "dim_head", "text_seq_len", "num_text_tokens", "num_image_tokens")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be at least 0, not {args.warmup}")
+    patterns = comma_list(parser, "--patterns", args.patterns, PATTERNS)
+    image_lens = positive_ints(parser, "--image_tokens",
+                               comma_list(parser, "--image_tokens", args.image_tokens))
+    for image_len in image_lens:
+        side = math.isqrt(image_len)
+        if side * side != image_len or side & (side - 1):
+            parser.error(f"--image_tokens {image_len}: DALLE-pytorch's VAE needs a square "
+                         "grid whose side is a power of two (e.g. 64, 256, 1024)")
+    return patterns, image_lens
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--patterns", default="full,axial_row,conv_like,sparse",
@@ -405,10 +434,10 @@ def main() -> None:
     add_model_size_args(parser)
     parser.add_argument("--num_image_tokens", type=int, default=512)
     args = parser.parse_args()
+    patterns, image_lens = checked_lists(parser, args)
     if args.compile:
         args.warmup = max(args.warmup, 2)
     set_threads(args.threads)
-    patterns = args.patterns.split(",")
     skipped = {}
     if "sparse" in patterns:
         skipped["sparse"] = sparse_skip_reason() + "; axial_col runs in its place"
@@ -417,7 +446,7 @@ def main() -> None:
             patterns.append("axial_col")
     results = []
     try:
-        for image_len in (int(n) for n in args.image_tokens.split(",")):
+        for image_len in image_lens:
             for pattern in patterns:
                 results.append(compare(args, pattern, image_len))
                 gc.collect()
