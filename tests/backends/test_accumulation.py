@@ -15,7 +15,8 @@ What would fail:
 - a micro-batch's loss not divided by --ga_steps: the gradient and its logged norm are 4x
   (clipping and Adam would hide it from the weights; the norm does not);
 - a step counted per micro-batch (DeepSpeed's old meaning): 20 steps in the checkpoint, 20
-  metrics lines, and the LR schedule and save/log/sample intervals running 4x faster;
+  metrics lines, and the LR schedule and save/log/sample intervals running 4x faster; or
+  in the log's headline only ("1 epochs of 20 steps", while the progress bar counts 5);
 - Horovod all-reducing each micro-batch's gradient as if it were a step
   (backward_passes_per_step left at 1): it steps every micro-batch;
 - FSDP2 left without gradient sync after a window (set_requires_gradient_sync(False) not
@@ -45,9 +46,10 @@ def test_ga_steps_4_equals_one_batch(name: str, trained: Callable[..., Run],
     reference, run = trained("single", "fp32", *SHARED), shared_ga_run(name)
     if name != "single":
         assert_ranks_consistent(name, run.text)
-        assert "global batch 16 = 2 per rank x 4 micro-batches x 2 ranks" in run.text
+        assert (f"1 epochs of {STEPS} steps at global batch 16 = 2 per rank x 4 "
+                "micro-batches x 2 ranks") in run.text
     else:
-        assert "batch 16 = 4 micro-batches of 4" in run.text
+        assert f"1 epochs of {STEPS} steps at batch 16 = 4 micro-batches of 4" in run.text
     assert run.payload["step"] == STEPS
     assert [r["step"] for r in run.metrics] == list(range(1, STEPS + 1))
     assert all(r["samples_per_s"] > 0 for r in run.metrics)

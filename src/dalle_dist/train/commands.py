@@ -283,8 +283,10 @@ class RunSetup:
         if meta and engine.shards_parameters:
             log.info("the model was built on the meta device: each rank "
                      f"{'loaded' if payload is not None else 'initialised'} its own shards")
-        log.info(f"{headline}, {train_cfg.epochs} epochs of {len(loader)} steps at "
-                 f"{describe_batch(backend, train_cfg.batch_size, loader)}")
+        # steps are optimizer steps (the loop's, the progress bar's, --save_every_n_steps'),
+        # each of --ga_steps micro-batches (the loader's batches)
+        log.info(f"{headline}, {train_cfg.epochs} epochs of {len(loader) // backend.ga_steps}"
+                 f" steps at {describe_batch(backend, train_cfg.batch_size, loader)}")
         state = None if payload is None else restore_training(
             payload, engine, backend, train_cfg.batch_size, train_cfg.seed, log)
         # The model and optimizer hold what they need of it now. The payload's tensors map
