@@ -44,7 +44,9 @@ def test_first_run_trains_and_caches_a_vae(cache: tuple[Path, str, Path]) -> Non
         "training DALL-E"), stdout
     cached = list((cache_dir / "vae").glob("shapes-32px-*.pt"))
     assert len(cached) == 1 and ".partial" not in cached[0].name
-    assert not list((cache_dir / "vae").glob("*.partial.pt")), "the partial file was renamed"
+    assert not list((cache_dir / "vae").glob("*.partial.*")), "the partial files were renamed"
+    record = cached[0].with_suffix(".metrics.jsonl").read_text().splitlines()
+    assert len(record) >= 3 and '"loss"' in record[-1]  # the VAE's training, kept beside it
 
 
 def test_second_run_reuses_the_cache(cache: tuple[Path, str, Path], tmp_path: Path) -> None:

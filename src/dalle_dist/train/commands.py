@@ -429,6 +429,8 @@ def builtin_vae_payload(data_cfg: DataConfig, backend: DistributedBackend, log: 
             finally:
                 restore_rng(streams)  # so the DALL-E is the same as with a cached VAE
             os.replace(partial.checkpoint, spec.path)
+            if partial.metrics.exists():  # the VAE's training record goes with it
+                os.replace(partial.metrics, spec.path.with_suffix(".metrics.jsonl"))
             log.info(f"built-in VAE cached as {spec.path}")
         return load_checkpoint(str(spec.path), "the cached VAE", "vae")
 
