@@ -21,6 +21,7 @@ from dalle_dist.data import ShapesDataset, TextImageFolder
 from dalle_dist.data.token_shards import MANIFEST, TokenShards
 from dalle_dist.data.tokenizer import ByteTokenizer, tokenize
 from dalle_dist.data.wds import split_key
+from dalle_dist.train.cpu_settings import HEAP_KEPT_ENCODE
 from tests import launch
 from tests.backends.runs import BATCH, ROOT, STEPS, Run, metric_records
 from tests.conftest import assert_user_error, run_cli
@@ -40,6 +41,8 @@ def shards(tiny_vae: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = run_cli("encode", "--vae_path", str(tiny_vae), *ENCODE, "--output", str(folder))
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"{folder / MANIFEST}: 80 samples in 3 shard(s) of 4x4 tokens of 32" in result.stdout
+    # on CPU the batches reuse each other's memory (train/cpu_settings.py), said once
+    assert result.stdout.count(HEAP_KEPT_ENCODE) == 1, result.stdout[-3000:]
     return folder
 
 

@@ -1,5 +1,5 @@
-"""The process-wide host setting a CPU training run makes once, before its first step: glibc's
-malloc keeps the memory a step frees for the next step.
+"""The process-wide host setting a CPU run makes once, before its loop (training's first step,
+`encode`'s first batch): glibc's malloc keeps the memory a step frees for the next step.
 
 Why: a training step allocates and frees the same tensors every step, many of them
 megabytes (a feed-forward activation at 1024 image tokens, batch 2: 8.6 MB). Under glibc's
@@ -12,7 +12,10 @@ it. Kept (mmap threshold 1 GiB, trim threshold 2 GiB), the same run's steps faul
 nothing and it trains 5 to 10% faster (bench/heap_kept.py, docs/benchmarks.md
 "Training"); the peak resident memory stays within a few percent of the defaults' (4%
 over a run with sample grids, validation and saves, whose odd shapes the heap keeps room
-for) and is no longer handed back between steps.
+for) and is no longer handed back between steps. `encode` on CPU frees and allocates its
+VAE's activations the same way at every batch: kept, it encoded 10,000 built-in shapes at
+64 px 1.3 x as fast (2.8 million page faults down to 72,000), at the same peak (366 against
+368 MB).
 
 Set just before the loop, after the model was built, distributed and restored, so start-up
 (a checkpoint read whole, a model sharded) frees its memory to the kernel as before (in a
@@ -45,6 +48,8 @@ OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 HEAP_KEPT = ("glibc's malloc keeps the memory a step frees for the next one (steps reuse "
              "it rather than fault in fresh pages; set MALLOC_TRIM_THRESHOLD_ to choose "
              "otherwise)")
+#: what `encode` logs when it keeps the heap
+HEAP_KEPT_ENCODE = HEAP_KEPT.replace("a step", "a batch").replace("(steps", "(batches")
 
 
 def user_malloc_choice(environ: Mapping[str, str] = os.environ) -> str | None:

@@ -55,6 +55,7 @@ from dalle_dist.fileio import ensure_writable_dir
 from dalle_dist.model.config import DALLEConfig
 from dalle_dist.model.image_tokenizer import ImageTokenizer, content_hash
 from dalle_dist.train.config import DalleRun
+from dalle_dist.train.cpu_settings import HEAP_KEPT_ENCODE, keep_heap
 from dalle_dist.train.run_log import RunLog
 
 
@@ -164,6 +165,8 @@ def encode_images(job: EncodeJob, backend: DistributedBackend,
         log.info(f"{len(mine) - len(todo)} of this rank's {len(mine)} shard(s) are complete "
                  "from an earlier encode: kept")
     samples = sum(end - start for _, start, end in todo)
+    if keep_heap(backend.device):  # each batch's activations reuse the last one's memory
+        log.info(HEAP_KEPT_ENCODE)
     started = time.perf_counter()
     with tqdm(total=samples, unit="img", desc=f"encode (rank {backend.rank})",
               disable=not backend.is_root, dynamic_ncols=True) as bar:
