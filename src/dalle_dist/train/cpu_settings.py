@@ -49,7 +49,9 @@ HEAP_KEPT = ("glibc's malloc keeps the memory a step frees for the next one (ste
              "it rather than fault in fresh pages; set MALLOC_TRIM_THRESHOLD_ to choose "
              "otherwise)")
 #: what `encode` logs when it keeps the heap
-HEAP_KEPT_ENCODE = HEAP_KEPT.replace("a step", "a batch").replace("(steps", "(batches")
+HEAP_KEPT_ENCODE = ("glibc's malloc keeps the memory a batch frees for the next one (batches "
+                    "reuse it rather than fault in fresh pages; set MALLOC_TRIM_THRESHOLD_ "
+                    "to choose otherwise)")
 
 
 def user_malloc_choice(environ: Mapping[str, str] = os.environ) -> str | None:
