@@ -21,7 +21,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit, median
+from common import comma_list, emit, median, require_positive
+
+from dalle_dist.model.attention import ATTN_IMPLS
 
 PATTERN_NAMES = ("full", "axial_row", "axial_col", "conv_like", "sparse")
 SIZES = ((256, 8), (576, 4), (1024, 2))  # (image tokens, batch)
@@ -82,6 +84,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sparse_random_blocks", type=int, default=None)
     args = parser.parse_args()
+    require_positive(parser, args, "threads", "sparse_random_blocks")
+    patterns = comma_list(parser, "--patterns", args.patterns, PATTERN_NAMES)
+    impls = comma_list(parser, "--impls", args.impls, ATTN_IMPLS)
     if args.case:
         pattern, impl, tokens, batch, measure = args.case.split(":")
         print(json.dumps(run_case(pattern, impl, int(tokens), int(batch), args.threads,
@@ -91,8 +96,8 @@ def main() -> None:
     extra = ([] if args.sparse_random_blocks is None
              else ["--sparse_random_blocks", str(args.sparse_random_blocks)])
     for tokens, batch in SIZES:
-        for pattern in args.patterns.split(","):
-            for impl in args.impls.split(","):
+        for pattern in patterns:
+            for impl in impls:
                 case = {}
                 for measure in ("time", "memory"):
                     env = dict(os.environ)

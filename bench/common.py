@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import resource
@@ -151,6 +152,14 @@ def positive_ints(parser: argparse.ArgumentParser, flag: str, values: list[str])
     if len(numbers) != len(values) or min(numbers, default=1) < 1:
         parser.error(f"{flag}: {','.join(values)!r} is not a list of positive integers")
     return numbers
+
+
+def square_tokens(parser: argparse.ArgumentParser, flag: str, tokens: int) -> int:
+    """`tokens` (an image grid's token count) if it is a positive square, else the usage
+    error: a bench takes its side with isqrt, so 99 would silently time 81."""
+    if tokens < 1 or math.isqrt(tokens) ** 2 != tokens:
+        parser.error(f"{flag}: {tokens} image tokens are not a square grid (e.g. 256, 1024)")
+    return tokens
 
 
 def require_positive(parser: argparse.ArgumentParser, args: argparse.Namespace,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -26,8 +27,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit
+from common import comma_list, emit, positive_ints, require_positive, square_tokens
 
+from dalle_dist.model.patterns import PATTERNS
 from dalle_dist.train.cpu_settings import HEAP_KEPT
 
 MODEL = ["--dim", "256", "--depth", "4", "--heads", "4", "--dim_head", "64",
@@ -79,6 +81,16 @@ def run_once(vae: Path, pattern: str, batch: int, steps: int, kept: bool, thread
             "peak_rss_mb": usage.ru_maxrss / 1024}
 
 
+def checked_case(parser: argparse.ArgumentParser, case: str) -> tuple[str, int, int]:
+    """One --cases entry, PATTERN:IMAGE_TOKENS:BATCH, or the usage error."""
+    fields = case.split(":")
+    if len(fields) != 3:
+        parser.error(f"--cases: {case!r} is not PATTERN:IMAGE_TOKENS:BATCH (e.g. full:256:8)")
+    pattern = comma_list(parser, "--cases", fields[0], PATTERNS)[0]
+    tokens, batch = positive_ints(parser, "--cases", fields[1:])
+    return pattern, square_tokens(parser, "--cases", tokens), batch
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="full:256:8,axial_row:1024:2,full:1024:2",
@@ -90,23 +102,24 @@ def main() -> None:
     if args.steps < 20:
         parser.error("--steps must be at least 20: runs log every 10 steps and the first "
                      "window, which holds the first step's set-up, is left out")
+    require_positive(parser, args, "rounds", "threads")
+    cases = [checked_case(parser, case) for case in comma_list(parser, "--cases", args.cases)]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        for case in args.cases.split(","):
-            pattern, tokens, batch = case.split(":")
-            side = int(int(tokens) ** 0.5)
+        for pattern, tokens, batch in cases:
+            side = math.isqrt(tokens)
             vae = train_vae(folder, side * 2**VAE_LAYERS)
             runs: dict[str, list[dict[str, float]]] = {"default": [], "kept": []}
             for round_ in range(args.rounds):
                 order = ["default", "kept"] if round_ % 2 == 0 else ["kept", "default"]
                 for name in order:
-                    runs[name].append(run_once(vae, pattern, int(batch), args.steps,
+                    runs[name].append(run_once(vae, pattern, batch, args.steps,
                                                name == "kept", args.threads, folder))
             summary = {name: {key: round(statistics.median(r[key] for r in rs), 2)
                               for key in rs[0]} for name, rs in runs.items()}
             results.append({
-                "pattern": pattern, "image_tokens": int(tokens), "batch": int(batch),
+                "pattern": pattern, "image_tokens": tokens, "batch": batch,
                 **summary,
                 "speedup": round(summary["kept"]["samples_per_s"]
                                  / summary["default"]["samples_per_s"], 3),

@@ -16,6 +16,7 @@ MFU counts the matmul FLOPs of the transformer and the output projection only
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -24,16 +25,21 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     add_model_size_args,
+    comma_list,
     emit,
     keep_train_heap,
     matmul_peak_flops,
     median,
     peak_rss_mb,
+    require_positive,
     set_threads,
+    square_tokens,
     time_steps,
 )
 
 from dalle_dist.model import DALLE, DALLEConfig, DiscreteVAE, VAEConfig
+from dalle_dist.model.attention import ATTN_IMPLS
+from dalle_dist.model.patterns import PATTERNS
 from dalle_dist.selftest.mfu import training_flops_per_step
 from dalle_dist.train.compile import compile_blocks
 from dalle_dist.train.config import OptimizerConfig
@@ -59,7 +65,7 @@ def main() -> None:
     parser.add_argument("--num_layers", type=int, default=2)
     parser.add_argument("--attn_types", default="full",
                         help="comma list cycled over the layers (default full)")
-    parser.add_argument("--attn_impl", default="auto")
+    parser.add_argument("--attn_impl", default="auto", choices=ATTN_IMPLS)
     parser.add_argument("--image_tokens", type=int, default=None,
                         help="256 or 1024 (sets --image_size for the 2-layer VAE)")
     parser.add_argument("--compile", action="store_true",
@@ -69,8 +75,11 @@ def main() -> None:
                         "param groups) with a warmup + cosine LambdaLR stepped every step, as "
                         "train --lr_schedule cosine steps it (default adam, constant rate)")
     args = parser.parse_args()
-    if args.image_tokens:
-        side = int(args.image_tokens**0.5)
+    require_positive(parser, args, "batch", "threads", "steps", "image_size", "num_tokens",
+                     "num_layers")
+    attn_types = comma_list(parser, "--attn_types", args.attn_types, PATTERNS)
+    if args.image_tokens is not None:
+        side = math.isqrt(square_tokens(parser, "--image_tokens", args.image_tokens))
         args.image_size = side * 2**args.num_layers
 
     set_threads(args.threads)
@@ -80,7 +89,7 @@ def main() -> None:
     cfg = DALLEConfig(num_text_tokens=args.num_text_tokens, text_seq_len=args.text_seq_len,
                       num_image_tokens=args.num_tokens, image_fmap_size=vae.config.fmap_size,
                       dim=args.dim, depth=args.depth, heads=args.heads, dim_head=args.dim_head,
-                      attn_types=tuple(args.attn_types.split(",")))
+                      attn_types=tuple(attn_types))
     model = DALLE(cfg, args.attn_impl)
     if args.compile:  # as train --compile does (its compile happens in the warm-up)
         compile_blocks(model.transformer)

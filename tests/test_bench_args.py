@@ -1,9 +1,10 @@
-"""The paired and compile benches refuse a bad flag before they build anything.
+"""The benches refuse a bad flag before they build anything.
 
 Their runs take minutes; a pattern DALLE-pytorch does not know used to end one with its
 assertion's traceback after the first pairs had run, and `--modes bogus` timed the eager
-decoder under that name (a result for a mode nobody asked for). One subprocess imports the
-three scripts and calls each main() with the bad command lines in turn: each must stop with
+decoder under that name (a result for a mode nobody asked for), and a token count that is
+not a square was timed as the square below it. One subprocess imports the scripts and
+calls each main() with the bad command lines in turn: each must stop with
 argparse's usage error (exit 2, one `error:` line naming the flag) and no traceback, within
 seconds (a check that lets a flag through starts the run, and the timeout fails the test).
 """
@@ -31,6 +32,12 @@ CASES = [
     ("compile_speedup", ["--sizes", "256x8,99x2"], "--sizes: '99x2'"),
     ("compile_speedup", ["--sizes", "256"], "--sizes: '256'"),
     ("compile_speedup", ["--threads", "0"], "--threads must be at least 1"),
+    ("train_step", ["--attn_types", "full,bogus"], "--attn_types: unknown 'bogus'"),
+    ("train_step", ["--image_tokens", "99"], "--image_tokens: 99 image tokens are not"),
+    ("heap_kept", ["--cases", "full:256:8,full:256"], "--cases: 'full:256' is not"),
+    ("heap_kept", ["--cases", "bogus:256:8"], "--cases: unknown 'bogus'"),
+    ("heap_kept", ["--cases", "full:99:2"], "--cases: 99 image tokens are not"),
+    ("attention", ["--impls", "auto,fast"], "--impls: unknown 'fast'"),
 ]
 
 DRIVER = """
