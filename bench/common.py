@@ -142,15 +142,17 @@ def comma_list(parser: argparse.ArgumentParser, flag: str, value: str,
     return items
 
 
-def positive_ints(parser: argparse.ArgumentParser, flag: str, values: list[str]) -> list[int]:
-    """Each of `values` (parts of `flag`'s value) as an int of at least 1, or the usage
-    error."""
+def positive_ints(parser: argparse.ArgumentParser, flag: str, text: str,
+                  sep: str = ",") -> list[int]:
+    """`text` (all or part of `flag`'s value) split at `sep`, each an int of at least 1, or
+    the usage error."""
+    values = text.split(sep)
     try:
         numbers = [int(value) for value in values]
     except ValueError:
         numbers = []
     if len(numbers) != len(values) or min(numbers, default=1) < 1:
-        parser.error(f"{flag}: {','.join(values)!r} is not a list of positive integers")
+        parser.error(f"{flag}: {text!r} is not positive integers separated by {sep!r}")
     return numbers
 
 

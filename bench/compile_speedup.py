@@ -31,8 +31,10 @@ from common import (
     emit,
     keep_train_heap,
     median,
+    positive_ints,
     require_positive,
     set_threads,
+    square_tokens,
 )
 
 from dalle_dist.model import DALLE, DALLEConfig
@@ -108,13 +110,10 @@ def measure(tokens: int, batch: int, args: argparse.Namespace) -> dict[str, obje
 
 def checked_size(parser: argparse.ArgumentParser, size: str) -> tuple[int, int]:
     """One --sizes entry, TOKENSxBATCH: positive, with a square token count (the grid)."""
-    parts = size.split("x")
-    numbers = [int(part) for part in parts if part.isdigit()]
-    if (len(parts) != 2 or len(numbers) != 2 or min(numbers) < 1
-            or math.isqrt(numbers[0]) ** 2 != numbers[0]):
-        parser.error(f"--sizes: {size!r} is not IMAGE_TOKENSxBATCH with a square number "
-                     "of image tokens (e.g. 256x8)")
-    return numbers[0], numbers[1]
+    if size.count("x") != 1:
+        parser.error(f"--sizes: {size!r} is not IMAGE_TOKENSxBATCH (e.g. 256x8)")
+    tokens, batch = positive_ints(parser, "--sizes", size, sep="x")
+    return square_tokens(parser, "--sizes", tokens), batch
 
 
 def main() -> None:

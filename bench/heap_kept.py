@@ -87,7 +87,7 @@ def checked_case(parser: argparse.ArgumentParser, case: str) -> tuple[str, int, 
     if len(fields) != 3:
         parser.error(f"--cases: {case!r} is not PATTERN:IMAGE_TOKENS:BATCH (e.g. full:256:8)")
     pattern = comma_list(parser, "--cases", fields[0], PATTERNS)[0]
-    tokens, batch = positive_ints(parser, "--cases", fields[1:])
+    tokens, batch = positive_ints(parser, "--cases", ":".join(fields[1:]), sep=":")
     return pattern, square_tokens(parser, "--cases", tokens), batch
 
 

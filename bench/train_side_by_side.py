@@ -92,6 +92,7 @@ from common import (
     positive_ints,
     require_positive,
     set_threads,
+    square_tokens,
 )
 from generate_reference import stub_unused_imports
 
@@ -398,13 +399,13 @@ def checked_lists(parser: argparse.ArgumentParser, args: argparse.Namespace
     if args.warmup < 0:
         parser.error(f"--warmup must be at least 0, not {args.warmup}")
     patterns = comma_list(parser, "--patterns", args.patterns, PATTERNS)
-    image_lens = positive_ints(parser, "--image_tokens",
-                               comma_list(parser, "--image_tokens", args.image_tokens))
+    comma_list(parser, "--image_tokens", args.image_tokens)  # an empty entry, said as such
+    image_lens = positive_ints(parser, "--image_tokens", args.image_tokens)
     for image_len in image_lens:
-        side = math.isqrt(image_len)
-        if side * side != image_len or side & (side - 1):
-            parser.error(f"--image_tokens {image_len}: DALLE-pytorch's VAE needs a square "
-                         "grid whose side is a power of two (e.g. 64, 256, 1024)")
+        side = math.isqrt(square_tokens(parser, "--image_tokens", image_len))
+        if side & (side - 1):
+            parser.error(f"--image_tokens {image_len}: DALLE-pytorch's VAE needs a grid "
+                         "side that is a power of two (e.g. 64, 256, 1024 tokens)")
     return patterns, image_lens
 
 

@@ -44,14 +44,20 @@ USER_MALLOC_VARIABLES = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MA
                          "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX")
 #: allocators a user preloads instead of glibc's malloc
 OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
-#: what a run logs when it keeps the heap
-HEAP_KEPT = ("glibc's malloc keeps the memory a step frees for the next one (steps reuse "
-             "it rather than fault in fresh pages; set MALLOC_TRIM_THRESHOLD_ to choose "
-             "otherwise)")
-#: what `encode` logs when it keeps the heap
-HEAP_KEPT_ENCODE = ("glibc's malloc keeps the memory a batch frees for the next one (batches "
-                    "reuse it rather than fault in fresh pages; set MALLOC_TRIM_THRESHOLD_ "
-                    "to choose otherwise)")
+
+
+def heap_kept_line(unit: str, units: str) -> str:
+    """What a run logs when it keeps the heap, `unit` (plural `units`) being what its loop
+    repeats."""
+    return (f"glibc's malloc keeps the memory a {unit} frees for the next one ({units} reuse "
+            "it rather than fault in fresh pages; set MALLOC_TRIM_THRESHOLD_ to choose "
+            "otherwise)")
+
+
+#: what a training run logs (train, train-vae)
+HEAP_KEPT = heap_kept_line("step", "steps")
+#: what `encode` logs
+HEAP_KEPT_ENCODE = heap_kept_line("batch", "batches")
 
 
 def user_malloc_choice(environ: Mapping[str, str] = os.environ) -> str | None:
