@@ -22,8 +22,12 @@ if TYPE_CHECKING:
 
 
 def set_threads(threads: int) -> None:
+    """`threads` for the ops, one inter-op thread. torch takes the inter-op count once per
+    process, so a second bench main() in one process (tests/test_train_side_by_side.py)
+    leaves it as the first set it."""
     torch.set_num_threads(threads)
-    torch.set_num_interop_threads(1)
+    if torch.get_num_interop_threads() != 1:
+        torch.set_num_interop_threads(1)
 
 
 def matmul_peak_flops(size: int = 2048, repeats: int = 5) -> float:

@@ -7,7 +7,7 @@ the rounds, by wall time and by the process's CPU time. Run it with the interpre
 has dalle-pytorch (bench/generate_reference.py says how to make one) and our sources on
 the path:
 
-    .venv/bin/python bench/train_side_by_side.py [--rotary_shift]
+    .venv/bin/python bench/train_side_by_side.py [--rotary_shift [on|off|both]]
     .venv/bin/python bench/train_side_by_side.py \
         --patterns full,axial_row --image_tokens 1024
     .venv/bin/python bench/train_side_by_side.py --profile 12   # where the time goes
@@ -20,7 +20,8 @@ and a ceiling: the ratio and MFU ours would reach if nothing but its matrix prod
 A step, on either side, is the model-level step of its training script (no data loading,
 no VAE: both take image token ids): forward, backward, clip_grad_norm_ 0.5, Adam step,
 zero_grad. Theirs as its train_dalle.py builds it (DALLE(...) with rotary_emb and
-shift_tokens off unless --rotary_shift, torch.optim.Adam over the trainable parameters);
+shift_tokens off unless --rotary_shift, torch.optim.Adam over the trainable parameters;
+`--rotary_shift both` times every pair both ways, each result saying which);
 ours DALLE(DALLEConfig) with make_adam (fused Adam), as our train loop steps (with
 --compile, its blocks compiled as `train --compile` does). fp32, dim 256,
 depth 4, 4 heads x 64, text 32 of 1000 tokens, 512 image codes; batch 8 at 256 image tokens
@@ -111,6 +112,8 @@ LEARNING_RATE = 3e-4  # train_dalle.py's default, and ours
 CLIP_NORM = 0.5  # train_dalle.py's GRAD_CLIP_NORM, and our --clip_grad_norm default
 FLOP_TOLERANCE = 0.01
 WEIGHT_MATMULS = ("aten.mm", "aten.addmm")
+#: --rotary_shift's values: the settings each runs, in order
+ROTARY_SHIFT = {"off": (False,), "on": (True,), "both": (False, True)}
 
 
 class ModelMismatch(Exception):
@@ -126,8 +129,8 @@ class Side:
     flops: dict[str, int]
 
 
-def their_side(args: argparse.Namespace, pattern: str, fmap: int, text: torch.Tensor,
-               image: torch.Tensor) -> Side:
+def their_side(args: argparse.Namespace, pattern: str, fmap: int, rotary_shift: bool,
+               text: torch.Tensor, image: torch.Tensor) -> Side:
     """1.6.6's DALLE as its train_dalle.py builds it, and that script's step."""
     stub_unused_imports()
     from dalle_pytorch import DALLE as TheirDALLE
@@ -140,7 +143,7 @@ def their_side(args: argparse.Namespace, pattern: str, fmap: int, text: torch.Te
                        text_seq_len=args.text_seq_len, depth=args.depth, heads=args.heads,
                        dim_head=args.dim_head, reversible=False, loss_img_weight=7,
                        attn_types=(pattern,), ff_dropout=0.0, attn_dropout=0.0, stable=False,
-                       shift_tokens=args.rotary_shift, rotary_emb=args.rotary_shift,
+                       shift_tokens=rotary_shift, rotary_emb=rotary_shift,
                        shared_attn_ids=None, shared_ff_ids=None,
                        share_input_output_emb=False).train()
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad],
@@ -159,12 +162,12 @@ def their_side(args: argparse.Namespace, pattern: str, fmap: int, text: torch.Te
     return Side(model, step, count_forward(forward))
 
 
-def our_side(args: argparse.Namespace, pattern: str, fmap: int, text: torch.Tensor,
-             image: torch.Tensor) -> Side:
+def our_side(args: argparse.Namespace, pattern: str, fmap: int, rotary_shift: bool,
+             text: torch.Tensor, image: torch.Tensor) -> Side:
     """Our DALLE on the same config, stepped as train/loop.py steps it (engine.backward,
     clip_and_step, zero_grad(set_to_none=True) over make_adam)."""
     torch.manual_seed(0)
-    model = DALLE(our_config(args, pattern, fmap)).train()
+    model = DALLE(our_config(args, pattern, fmap, rotary_shift)).train()
     optimizer = make_adam(model.parameters(), lr=LEARNING_RATE)
 
     def forward() -> torch.Tensor:
@@ -183,12 +186,13 @@ def our_side(args: argparse.Namespace, pattern: str, fmap: int, text: torch.Tens
     return Side(model, step, flops)
 
 
-def our_config(args: argparse.Namespace, pattern: str, fmap: int) -> DALLEConfig:
+def our_config(args: argparse.Namespace, pattern: str, fmap: int,
+               rotary_shift: bool) -> DALLEConfig:
     return DALLEConfig(num_text_tokens=args.num_text_tokens, text_seq_len=args.text_seq_len,
                        num_image_tokens=args.num_image_tokens, image_fmap_size=fmap,
                        dim=args.dim, depth=args.depth, heads=args.heads,
                        dim_head=args.dim_head, attn_types=(pattern,),
-                       rotary_emb=args.rotary_shift, shift_tokens=args.rotary_shift)
+                       rotary_emb=rotary_shift, shift_tokens=rotary_shift)
 
 
 def count_forward(forward: Callable[[], torch.Tensor]) -> dict[str, int]:
@@ -341,7 +345,8 @@ def profile_pair(theirs: Side, ours: Side, top: int, model_flops: float,
     }
 
 
-def compare(args: argparse.Namespace, pattern: str, image_len: int) -> dict[str, Any]:
+def compare(args: argparse.Namespace, pattern: str, image_len: int,
+            rotary_shift: bool) -> dict[str, Any]:
     fmap = math.isqrt(image_len)  # a power of two (main checked it)
     batch = args.batch or DEFAULT_BATCH.get(image_len, 2)
     generator = torch.Generator().manual_seed(0)
@@ -349,9 +354,10 @@ def compare(args: argparse.Namespace, pattern: str, image_len: int) -> dict[str,
                          generator=generator)
     text[:, args.text_seq_len // 2:] = 0  # half padding, like real captions
     image = torch.randint(0, args.num_image_tokens, (batch, image_len), generator=generator)
-    label = f"{pattern} at {image_len} image tokens"
-    theirs = their_side(args, pattern, fmap, text, image)
-    ours = our_side(args, pattern, fmap, text, image)
+    label = (f"{pattern} at {image_len} image tokens"
+             + (" with rotary + shift" if rotary_shift else ""))
+    theirs = their_side(args, pattern, fmap, rotary_shift, text, image)
+    ours = our_side(args, pattern, fmap, rotary_shift, text, image)
     equality = check_equal(args, theirs, ours, label, image_len, batch)
     wall, cpu, peak = time_pair(theirs, ours, args.rounds, args.warmup)
     model_flops = 3 * (ours.flops["weight_matmuls"]
@@ -370,12 +376,14 @@ def compare(args: argparse.Namespace, pattern: str, image_len: int) -> dict[str,
                 if args.profile else {})
     ratio_wall = statistics.median(wall["dalle_pytorch"]) / statistics.median(wall["ours"])
     ratio_cpu = statistics.median(cpu["dalle_pytorch"]) / statistics.median(cpu["ours"])
-    return {"pattern": pattern, "image_tokens": image_len, "batch": batch, **sides,
+    return {"pattern": pattern, "image_tokens": image_len, "rotary_shift": rotary_shift,
+            "batch": batch, **sides,
             "ratio_wall": round(ratio_wall, 3), "ratio_cpu": round(ratio_cpu, 3),
             "matmul_peak_gflops": round(peak / 1e9, 1),
             "model_flops_per_step": model_flops,
             "formula_flops_per_step": training_flops_per_step(
-                our_config(args, pattern, fmap), batch), **equality, **profiled}
+                our_config(args, pattern, fmap, rotary_shift), batch), **equality,
+            **profiled}
 
 
 def versions() -> dict[str, str]:
@@ -416,9 +424,11 @@ def main() -> None:
                              "instead")
     parser.add_argument("--image_tokens", default="256,1024",
                         help="comma list of image token counts (squares)")
-    parser.add_argument("--rotary_shift", action="store_true",
-                        help="rotary embeddings and shifted tokens on both sides "
-                             "(default: off, as 1.6.6's train_dalle.py)")
+    parser.add_argument("--rotary_shift", nargs="?", const="on", default="off",
+                        choices=tuple(ROTARY_SHIFT),
+                        help="rotary embeddings and shifted tokens on both sides: off "
+                             "(the default, as 1.6.6's train_dalle.py builds it), on (the "
+                             "flag alone), or both (every pair timed each way)")
     parser.add_argument("--compile", action="store_true",
                         help="our side's blocks compiled (train --compile: inductor, per "
                              "block; the compile runs in the warm-up steps, 2 at least)")
@@ -447,10 +457,11 @@ def main() -> None:
             patterns.append("axial_col")
     results = []
     try:
-        for image_len in image_lens:
-            for pattern in patterns:
-                results.append(compare(args, pattern, image_len))
-                gc.collect()
+        for rotary_shift in ROTARY_SHIFT[args.rotary_shift]:
+            for image_len in image_lens:
+                for pattern in patterns:
+                    results.append(compare(args, pattern, image_len, rotary_shift))
+                    gc.collect()
     except ModelMismatch as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
