@@ -4,7 +4,7 @@ on a tiny model: what its JSON reports, and that it refuses unequal models.
 The bench is how issue 25's figures are made, and nothing else runs it: a change to our
 model that breaks the parameter or FLOP equality with 1.6.6, or a setting that reaches only
 one side, would surface only when someone next spends minutes on a full run. One subprocess
-runs the script's main() four times (about 20 s):
+runs the script's main() four times (about 15 s):
 
   every pattern with `--rotary_shift both` and `--profile`: one result per pattern and
     setting, each with equal parameter counts (1.6.6's less its LayerScale vectors) and
