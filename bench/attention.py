@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import comma_list, emit, median, require_positive
 
 from dalle_dist.model.attention import ATTN_IMPLS
+from dalle_dist.model.patterns import PATTERNS
 
-PATTERN_NAMES = ("full", "axial_row", "axial_col", "conv_like", "sparse")
 SIZES = ((256, 8), (576, 4), (1024, 2))  # (image tokens, batch)
 
 
@@ -79,13 +79,13 @@ def run_case(pattern: str, impl: str, image_tokens: int, batch: int, threads: in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", help=argparse.SUPPRESS)
-    parser.add_argument("--patterns", default=",".join(PATTERN_NAMES))
+    parser.add_argument("--patterns", default=",".join(PATTERNS))
     parser.add_argument("--impls", default="auto,sdpa")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sparse_random_blocks", type=int, default=None)
     args = parser.parse_args()
     require_positive(parser, args, "threads", "sparse_random_blocks")
-    patterns = comma_list(parser, "--patterns", args.patterns, PATTERN_NAMES)
+    patterns = comma_list(parser, "--patterns", args.patterns, PATTERNS)
     impls = comma_list(parser, "--impls", args.impls, ATTN_IMPLS)
     if args.case:
         pattern, impl, tokens, batch, measure = args.case.split(":")

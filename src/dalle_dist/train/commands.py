@@ -66,7 +66,13 @@ from dalle_dist.train.encode import EncodeJob, encode_images
 from dalle_dist.train.evaluate import evaluate_fidelity
 from dalle_dist.train.flops import profile_step
 from dalle_dist.train.job import TrainJob, TrainVAEJob
-from dalle_dist.train.loop import DeviceSums, inference_model, optimizer_step, train
+from dalle_dist.train.loop import (
+    DeviceSums,
+    inference_model,
+    optimizer_step,
+    steps_per_epoch,
+    train,
+)
 from dalle_dist.train.preemption import requeue_after_stop
 from dalle_dist.train.quality import QualityEval, eval_set
 from dalle_dist.train.run_log import RunLog
@@ -283,10 +289,11 @@ class RunSetup:
         if meta and engine.shards_parameters:
             log.info("the model was built on the meta device: each rank "
                      f"{'loaded' if payload is not None else 'initialised'} its own shards")
-        # steps are optimizer steps (the loop's, the progress bar's, --save_every_n_steps'),
-        # each of --ga_steps micro-batches (the loader's batches)
-        log.info(f"{headline}, {train_cfg.epochs} epochs of {len(loader) // backend.ga_steps}"
-                 f" steps at {describe_batch(backend, train_cfg.batch_size, loader)}")
+        # optimizer steps (the loop's, the progress bar's, --save_every_n_steps'), each of
+        # --ga_steps micro-batches (the loader's batches)
+        epoch_steps = steps_per_epoch(len(loader), backend.ga_steps)
+        log.info(f"{headline}, {train_cfg.epochs} epochs of {epoch_steps} steps at "
+                 f"{describe_batch(backend, train_cfg.batch_size, loader)}")
         state = None if payload is None else restore_training(
             payload, engine, backend, train_cfg.batch_size, train_cfg.seed, log)
         # The model and optimizer hold what they need of it now. The payload's tensors map
@@ -430,7 +437,7 @@ def builtin_vae_payload(data_cfg: DataConfig, backend: DistributedBackend, log: 
                 restore_rng(streams)  # so the DALL-E is the same as with a cached VAE
             os.replace(partial.checkpoint, spec.path)
             if partial.metrics.exists():  # the VAE's training record goes with it
-                os.replace(partial.metrics, spec.path.with_suffix(".metrics.jsonl"))
+                os.replace(partial.metrics, RunPaths(spec.path).metrics)
             log.info(f"built-in VAE cached as {spec.path}")
         return load_checkpoint(str(spec.path), "the cached VAE", "vae")
 
@@ -611,7 +618,8 @@ def train_dalle(job: TrainJob, backend: DistributedBackend, cache_dir: Path | No
                      backend.device, attn_impl, precision=backend.precision(),
                      activation_checkpointing=activation_checkpointing,
                      compile_backend=compile_backend, optim=job.optim,
-                     total_steps=train_cfg.epochs * (len(loader) // backend.ga_steps),
+                     total_steps=train_cfg.epochs * steps_per_epoch(len(loader),
+                                                                    backend.ga_steps),
                      ema=job.ema)
     if run.payload is not None:
         note = check_same_optimizer(task.optim, run.payload["configs"].get("optimizer"),

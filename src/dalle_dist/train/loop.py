@@ -272,6 +272,13 @@ def train(task: Task, engine: Engine, backend: DistributedBackend,
         log.end_progress()  # an error line printed next starts on a line of its own
 
 
+def steps_per_epoch(micro_batches: int, ga_steps: int) -> int:
+    """Optimizer steps in an epoch of `micro_batches` loader batches: each step takes
+    --ga_steps of them, and a last partial window is left out (as drop_last). The loop, the
+    LR schedule's length and train's headline all count these."""
+    return micro_batches // ga_steps
+
+
 def _train(task: Task, engine: Engine, backend: DistributedBackend,
            data: EpochLoader | WebDatasetLoader, config: TrainConfig, paths: RunPaths,
            log: RunLog, state: LoopState, checkpointer: Checkpointer,
@@ -280,14 +287,14 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
     device: its numbers stay there (DeviceSums) until a sync point, a log step, a save, an
     epoch's end or a stop check, brings them over in one all-reduce."""
     device, ga = backend.device, engine.ga_steps
-    steps_per_epoch = len(data) // ga
-    if steps_per_epoch == 0:
+    epoch_steps = steps_per_epoch(len(data), ga)
+    if epoch_steps == 0:
         raise DataError(f"an epoch holds {len(data)} micro-batches per rank, fewer than "
                         f"--ga_steps {ga}", "lower --ga_steps or --batch_size, or add data")
     samples_per_step = data.batch_size * backend.world_size * ga
     stop_every = config.log_every_n_steps or STOP_CHECK_EVERY
     checkpointer.before_first_step(state)
-    log.start_progress(config.epochs * steps_per_epoch, state.step, f"train {task.kind}")
+    log.start_progress(config.epochs * epoch_steps, state.step, f"train {task.kind}")
     device_sums, window = DeviceSums(), MetricWindow()
     first_step = state.step
     held_out = getattr(data, "held_out", None)
@@ -295,7 +302,7 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
 
     for epoch in range(state.epoch, config.epochs):
         micro_batches = iter(data.epoch(epoch, start=state.batch))
-        epoch_end = steps_per_epoch * ga  # a last partial window is left out, as drop_last
+        epoch_end = epoch_steps * ga  # a last partial window is left out, as drop_last
         while state.batch < epoch_end:
             window_batches = list(itertools.islice(micro_batches, ga))
             first = state.step == first_step
@@ -353,7 +360,7 @@ def _train(task: Task, engine: Engine, backend: DistributedBackend,
                               f"{checkpointer.location}; continue with the same command and "
                               "--resume auto" if backend.is_root else "")
 
-        task.after_epoch(epoch, state.loss_sum / steps_per_epoch, engine)
+        task.after_epoch(epoch, state.loss_sum / epoch_steps, engine)
         state.epoch, state.batch, state.loss_sum, state.samples = epoch + 1, 0, 0.0, 0
         checkpointer.after_epoch(state)
 
