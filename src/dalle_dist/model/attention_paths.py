@@ -108,8 +108,11 @@ def band_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout
     def banded(g: Tensor, t: Tensor) -> Tensor:
         """[b, h x line, text + band * s, d]: the text, then lines line-rows_back .. line."""
         padded = F.pad(g, (0, 0, 0, 0, rows_back, 0))
-        lines = padded.unfold(2, band, 1).permute(0, 1, 2, 5, 3, 4).reshape(b, h, s, band * s, dh)
-        keys = torch.cat((t[:, :, None, :text].expand(b, h, s, text, dh), lines), dim=3)
+        # One slice per line offset, not unfold: inductor (torch 2.13, 2+ CPU threads)
+        # fused unfold's backward into a scatter-add that wrote past the gradient's end
+        # once dropout sent SDPA to its math path (tests/model/test_compiled_dropout.py).
+        lines = [padded[:, :, i:i + s] for i in range(band)]
+        keys = torch.cat((t[:, :, None, :text].expand(b, h, s, text, dh), *lines), dim=3)
         return keys.view(b, h * s, text + band * s, dh)
 
     keys, values = banded(kg, k), banded(vg, v)
