@@ -47,6 +47,9 @@ DEFAULT_BACKEND = COMPILE_BACKENDS[0]
 #: Steps a run times while waiting for the compiling step and one that traced no graph
 #: after it (the blocks compile in the first timed step, and the second traces nothing).
 TIMED_STEPS = 3
+#: Added to torch.compile's cache key tag while AOTAutograd's donated buffers are off
+#: (no_donated_buffers): the caches do not key on that setting.
+NO_DONATED_BUFFERS_TAG = "dalle_dist:no-donated-buffers"
 
 
 def check_compile(compiler: str, backend: DistributedBackend) -> None:
@@ -175,12 +178,35 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def no_donated_buffers() -> None:
+    """Turns AOTAutograd's donated buffers off for this process's compiles.
+
+    With them on, a compiled backward may write into a tensor the forward saved once that
+    tensor's last reader has run. torch 2.13 missed a second saved tensor that views the
+    same memory: in conv_like's band matmuls (the CPU's path from 16 x 16 cells) the
+    softmax's backward overwrote the attention probabilities while a view of them still
+    had to give the values' gradient, which came out wrong (up to 2.7x its size; the loss
+    itself was right, so nothing failed). Off, the bench model's compiled step (1024
+    image tokens) took 0.3% longer at full and axial_row. Inductor's graph cache does not
+    key on the setting, so a graph compiled with it on by an earlier run would still be
+    served: the tag keeps this process's graphs apart from those."""
+    import torch._functorch.config
+
+    torch._functorch.config.donated_buffer = False
+    tags = [tag for tag in torch.compiler.config.cache_key_tag.split(",") if tag]
+    if NO_DONATED_BUFFERS_TAG not in tags:
+        torch.compiler.config.cache_key_tag = ",".join([*tags, NO_DONATED_BUFFERS_TAG])
+
+
 def compile_blocks(transformer: Transformer, backend: str = DEFAULT_BACKEND
                    ) -> CompiledBlocks:
     """Compile every block's training call of `transformer` in place (fullgraph, one
     torch.compile per block, torchtitan's apply_compile): before the model is wrapped or
     sharded, after activation checkpointing is set. The parameters keep their names (no
-    `_orig_mod.` prefix): checkpoints of compiled and eager runs are interchangeable."""
+    `_orig_mod.` prefix): checkpoints of compiled and eager runs are interchangeable.
+    Donated buffers go off for the process (no_donated_buffers): the backward graphs are
+    compiled lazily, in the first backward, and must be compiled with them off too."""
+    no_donated_buffers()
     compiled = CompiledBlocks(transformer, backend)
     counting = compiled.counting_backend()
     transformer.compile_training(

@@ -1,24 +1,32 @@
-"""`train --compile` with --attn_dropout: every CPU path that applies dropout, compiled by
-inductor, computes what it computes eagerly.
+"""`train --compile`: every attention path that trains on the CPU, compiled by inductor with
+2 threads (the suite's processes run 1, and inductor writes other kernels for 1), computes
+what it computes eagerly: outputs and gradients, without dropout and with it.
 
-A dropout that never drops (p = 1e-9: a probability is dropped only when its uniform draw is
-at most p) leaves the compiled graph's shape as with any p > 0 (on the CPU, SDPA then leaves
-its flash kernel for the math decomposition inductor fuses), yet its outputs and gradients
-must equal the eager path's without dropout. The bug this caught: inductor in torch 2.13
-fused the band gather's `unfold` backward into one C++ kernel whose scatter-add wrote at
-twice the right stride past the gradient's end. `train --compile --attn_impl gather
---attn_dropout 0.1` then aborted in its second step with a glibc heap error (`double free
-or corruption`), or trained on wrong gradients; the gather now builds its band from one
-slice per line offset, as the matmul path does.
+With dropout the comparison uses a dropout that never drops (p = 1e-9: a probability is
+dropped only when its uniform draw is at most p): the graph is that of any p > 0 (on the
+CPU, SDPA leaves its flash kernel for the math decomposition inductor fuses), yet its
+outputs and gradients must equal the eager path's without dropout.
+
+The bugs this caught, both in torch 2.13's compiler, both silent in the loss:
+- without dropout, AOTAutograd's donated buffers let conv_like's band matmuls (`matmul`,
+  the CPU's path from 16 x 16 cells) overwrite the saved attention probabilities in the
+  backward while a view of them was still to be read: the values' gradient came out wrong.
+  train/compile.py now turns donated buffers off (no_donated_buffers);
+- with dropout, inductor fused the band gather's `unfold` backward into a scatter-add that
+  wrote past the gradient's end: `train --compile --attn_impl gather --attn_dropout 0.1`
+  aborted with a glibc heap error in its second step. The gather now builds its band from
+  one slice per line offset.
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import Tensor
 
 from dalle_dist.model import attention_paths as paths
 from dalle_dist.model.patterns import SequenceLayout, SparsePattern, build_pattern
+from dalle_dist.train.compile import no_donated_buffers
 
 #: small enough to compile quickly, big enough for conv_like's reach and sparse's blocks
 LAYOUT = SequenceLayout(text_len=8, fmap_size=4)
@@ -26,10 +34,10 @@ BATCH, HEADS, DIM_HEAD = 2, 2, 16
 NEVER_DROPS = 1e-9
 
 
-def dropout_paths() -> list:
-    """One call per (path, pattern) that applies dropout on the CPU, each with what its
-    layer builds eagerly (masks, block indices, the CausalBias) bound in: a compiled graph
-    only reads them."""
+def cpu_paths() -> list:
+    """One call per (path, pattern) that trains on the CPU, each with what its layer builds
+    eagerly (masks, block indices, the CausalBias) bound in: a compiled graph only reads
+    them."""
     n = LAYOUT.seq_len
     calls = []
     for name in ("axial_row", "axial_col", "conv_like"):
@@ -55,14 +63,28 @@ def dropout_paths() -> list:
     return calls
 
 
-def test_every_dropout_path_compiled_equals_eager() -> None:
-    """Inductor (the --compile default), all paths in one graph (one compile, about 20 s
-    with an empty cache): band_gather and band_scores for axial_row, axial_col and
-    conv_like, the sparse block gather, masked SDPA and the dense reference. Outputs and
-    q, k, v gradients within fp32 rounding of eager without dropout; with the old band
-    gather the compiled backward corrupted the heap (the process aborts) or its k and v
-    gradients were off."""
-    calls = dropout_paths()
+def compile_settings() -> tuple[bool, str]:
+    """What no_donated_buffers changes, to restore for the worker's next tests."""
+    import torch._functorch.config
+
+    return torch._functorch.config.donated_buffer, torch.compiler.config.cache_key_tag
+
+
+def restore_compile_settings(settings: tuple[bool, str]) -> None:
+    import torch._functorch.config
+
+    torch._functorch.config.donated_buffer, torch.compiler.config.cache_key_tag = settings
+
+
+@pytest.mark.parametrize("dropout", [0.0, NEVER_DROPS], ids=["no-dropout", "dropout"])
+def test_every_cpu_path_compiled_equals_eager(dropout: float) -> None:
+    """Inductor (the --compile default) as `train --compile` sets it up (no_donated_buffers),
+    all paths in one graph (one compile each, about 45 s with an empty cache): band_gather
+    and band_scores for axial_row, axial_col and conv_like, the sparse block gather, masked
+    SDPA and the dense reference. Outputs and q, k, v gradients within fp32 rounding of
+    eager without dropout. With donated buffers on, the values' gradient differs by up to
+    2.7x its size (no-dropout); with the old band gather the process aborts (dropout)."""
+    calls = cpu_paths()
 
     def attend(q: Tensor, k: Tensor, v: Tensor, p: float) -> list[Tensor]:
         return [call(q, k, v, p) for call in calls]
@@ -79,12 +101,14 @@ def test_every_dropout_path_compiled_equals_eager() -> None:
 
     torch._dynamo.reset()
     eager_outs, eager_grads = run(attend, 0.0)
-    threads = torch.get_num_threads()
+    threads, settings = torch.get_num_threads(), compile_settings()
     torch.set_num_threads(2)  # inductor writes a parallel kernel only for 2 threads or more
+    no_donated_buffers()
     try:
-        outs, grads = run(torch.compile(attend, fullgraph=True), NEVER_DROPS)
+        outs, grads = run(torch.compile(attend, fullgraph=True), dropout)
     finally:
         torch.set_num_threads(threads)
+        restore_compile_settings(settings)
     for got, expected in zip(outs, eager_outs, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     for got, expected, name in zip(grads, eager_grads, "qkv", strict=True):
