@@ -30,6 +30,7 @@ from dalle_dist.model.init import (
     owned_parameters,
     with_heads,
 )
+from dalle_dist.model.transformer import LayerScale
 
 CONFIG = DALLEConfig(num_text_tokens=100, text_seq_len=8, num_image_tokens=64,
                      image_fmap_size=4, dim=64, depth=4, heads=2, dim_head=16,
@@ -104,3 +105,21 @@ def test_a_module_with_buffers_cannot_be_filled_from_meta() -> None:
     model = on_meta(lambda: nn.BatchNorm1d(4))
     with pytest.raises(ValueError, match="buffers"):
         materialise(model, iter([]))
+
+
+def test_a_directly_built_model_fills_every_parameter() -> None:
+    """DALLE(config) outside a training run (a test, a script, an imported DALLE-pytorch
+    1.x layout before its weights load) draws its values at construction. Bug caught:
+    LayerScale's vector left as torch.empty allocated it (its gradients came out NaN)
+    while every other parameter was filled."""
+    config = DALLEConfig(num_text_tokens=100, text_seq_len=8, num_image_tokens=64,
+                         image_fmap_size=4, dim=64, depth=2, heads=2, dim_head=16,
+                         layer_scale=True)
+    torch.manual_seed(0)
+    model = DALLE(config)
+    scales = [module for module in model.modules() if isinstance(module, LayerScale)]
+    assert len(scales) == 2 * config.depth
+    for module in scales:
+        assert torch.equal(module.scale, torch.full_like(module.scale, module.initial))
+    model(torch.randint(1, 100, (2, 8)), torch.randint(0, 64, (2, 16)))["loss"].backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

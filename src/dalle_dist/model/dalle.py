@@ -17,7 +17,7 @@ from dalle_dist.model.init import initial_value
 from dalle_dist.model.modes import eval_mode
 from dalle_dist.model.patterns import PatternOptions, SequenceLayout
 from dalle_dist.model.sampling import guide, null_text, sample_tokens
-from dalle_dist.model.transformer import Transformer
+from dalle_dist.model.transformer import LayerScale, Transformer
 
 
 class TiedEmbedding(nn.Module):
@@ -100,8 +100,10 @@ class DALLE(nn.Module):
     def _init_weights(module: nn.Module) -> None:
         """model/init.py's rule, drawn from the global RNG: a model built directly. A
         training run builds on the meta device and draws from --seed's own stream
-        (model.init.initial_weights), the same on every backend and world size."""
-        if isinstance(module, (nn.Linear, nn.Embedding)):
+        (model.init.initial_weights), the same on every backend and world size.
+        LayerNorm sets its own values; LayerScale's vector is allocated empty, so it is
+        filled here too (it held whatever the memory held: NaN gradients)."""
+        if isinstance(module, (nn.Linear, nn.Embedding, LayerScale)):
             for name, param in module.named_parameters(recurse=False):
                 if not param.is_meta:  # built on the meta device: nothing to fill
                     param.copy_(initial_value(module, name, param.shape))
