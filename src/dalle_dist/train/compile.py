@@ -186,10 +186,10 @@ def no_donated_buffers() -> None:
     same memory: in conv_like's band matmuls (the CPU's path from 16 x 16 cells) the
     softmax's backward overwrote the attention probabilities while a view of them still
     had to give the values' gradient, which came out wrong (up to 2.7x its size; the loss
-    itself was right, so nothing failed). Off, the bench model's compiled step (1024
-    image tokens) took 0.3% longer at full and axial_row. Inductor's graph cache does not
-    key on the setting, so a graph compiled with it on by an earlier run would still be
-    served: the tag keeps this process's graphs apart from those."""
+    itself was right, so nothing failed). Off, the bench model's compiled step took 0.4%
+    longer at full (256 image tokens) and 0.3% at axial_row (1024). Inductor's graph
+    cache does not key on the setting, so a graph compiled with it on by an earlier run
+    would still be served: the tag keeps this process's graphs apart from those."""
     import torch._functorch.config
 
     torch._functorch.config.donated_buffer = False
