@@ -79,7 +79,7 @@ def restore_compile_settings(settings: tuple[bool, str]) -> None:
 @pytest.mark.parametrize("dropout", [0.0, NEVER_DROPS], ids=["no-dropout", "dropout"])
 def test_every_cpu_path_compiled_equals_eager(dropout: float) -> None:
     """Inductor (the --compile default) as `train --compile` sets it up (no_donated_buffers),
-    all paths in one graph (one compile each, about 45 s with an empty cache): band_gather
+    all paths in one graph (one compile per case, 35 s each with an empty cache): band_gather
     and band_scores for axial_row, axial_col and conv_like, the sparse block gather, masked
     SDPA and the dense reference. Outputs and q, k, v gradients within fp32 rounding of
     eager without dropout. With donated buffers on, the values' gradient differs by up to
