@@ -110,7 +110,7 @@ def band_gather(q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, dropout
         padded = F.pad(g, (0, 0, 0, 0, rows_back, 0))
         # One slice per line offset, not unfold: inductor (torch 2.13, 2+ CPU threads)
         # fused unfold's backward into a scatter-add that wrote past the gradient's end
-        # once dropout sent SDPA to its math path (tests/model/test_compiled_dropout.py).
+        # once dropout sent SDPA to its math path (tests/model/test_compiled_paths.py).
         lines = [padded[:, :, i:i + s] for i in range(band)]
         keys = torch.cat((t[:, :, None, :text].expand(b, h, s, text, dh), *lines), dim=3)
         return keys.view(b, h * s, text + band * s, dh)

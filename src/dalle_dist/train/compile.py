@@ -204,8 +204,9 @@ def compile_blocks(transformer: Transformer, backend: str = DEFAULT_BACKEND
     torch.compile per block, torchtitan's apply_compile): before the model is wrapped or
     sharded, after activation checkpointing is set. The parameters keep their names (no
     `_orig_mod.` prefix): checkpoints of compiled and eager runs are interchangeable.
-    Donated buffers go off for the process (no_donated_buffers): the backward graphs are
-    compiled lazily, in the first backward, and must be compiled with them off too."""
+    Donated buffers go off for the process, not around this call (no_donated_buffers):
+    each backward graph compiles lazily, in the first backward, and its cache lookup must
+    carry the tag too."""
     no_donated_buffers()
     compiled = CompiledBlocks(transformer, backend)
     counting = compiled.counting_backend()
