@@ -20,6 +20,8 @@ The bugs this caught, both in torch 2.13's compiler, both silent in the loss:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import Tensor
@@ -32,14 +34,16 @@ from dalle_dist.train.compile import no_donated_buffers
 LAYOUT = SequenceLayout(text_len=8, fmap_size=4)
 BATCH, HEADS, DIM_HEAD = 2, 2, 16
 NEVER_DROPS = 1e-9
+#: one attention path: (q, k, v, dropout) -> output
+Path = Callable[[Tensor, Tensor, Tensor, float], Tensor]
 
 
-def cpu_paths() -> list:
+def cpu_paths() -> list[Path]:
     """One call per (path, pattern) that trains on the CPU, each with what its layer builds
     eagerly (masks, block indices, the CausalBias) bound in: a compiled graph only reads
     them."""
     n = LAYOUT.seq_len
-    calls = []
+    calls: list[Path] = []
     for name in ("axial_row", "axial_col", "conv_like"):
         pattern = build_pattern(name)
         rows_back = pattern.reach if name == "conv_like" else 0
@@ -93,7 +97,8 @@ def test_every_cpu_path_compiled_equals_eager(dropout: float) -> None:
     q, k, v = (torch.randn(BATCH, HEADS, LAYOUT.seq_len, DIM_HEAD) for _ in range(3))
     weights = torch.randn(len(calls), *q.shape)
 
-    def run(fn, p: float) -> tuple[list[Tensor], tuple[Tensor, ...]]:  # type: ignore[no-untyped-def]
+    def run(fn: Callable[..., list[Tensor]], p: float
+            ) -> tuple[list[Tensor], tuple[Tensor, ...]]:
         inputs = [t.clone().requires_grad_() for t in (q, k, v)]
         outs = fn(*inputs, p)
         loss = sum((out * w).sum() for out, w in zip(outs, weights, strict=True))
