@@ -7,11 +7,11 @@ dropped only when its uniform draw is at most p): the graph is that of any p > 0
 CPU, SDPA leaves its flash kernel for the math decomposition inductor fuses), yet its
 outputs and gradients must equal the eager path's without dropout.
 
-The bugs this caught, both in torch 2.13's compiler, both silent in the loss:
+The two torch 2.13 compiler bugs it guards against:
 - without dropout, AOTAutograd's donated buffers let conv_like's band matmuls (`matmul`,
   the CPU's path from 16 x 16 cells) overwrite the saved attention probabilities in the
-  backward while a view of them was still to be read: the values' gradient came out wrong.
-  train/compile.py now turns donated buffers off (no_donated_buffers);
+  backward while a view of them was still to be read: the values' gradient came out wrong
+  under a right loss. train/compile.py now turns donated buffers off (no_donated_buffers);
 - with dropout, inductor fused the band gather's `unfold` backward into a scatter-add that
   wrote past the gradient's end: `train --compile --attn_impl gather --attn_dropout 0.1`
   aborted with a glibc heap error in its second step. The gather now builds its band from
@@ -20,7 +20,8 @@ The bugs this caught, both in torch 2.13's compiler, both silent in the loss:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -67,17 +68,22 @@ def cpu_paths() -> list[Path]:
     return calls
 
 
-def compile_settings() -> tuple[bool, str]:
-    """What no_donated_buffers changes, to restore for the worker's next tests."""
+@contextlib.contextmanager
+def compiled_as_train_does() -> Iterator[None]:
+    """2 threads (inductor writes a parallel kernel only for 2 or more) and
+    no_donated_buffers, as `train --compile` sets them; the worker's threads and the two
+    settings no_donated_buffers changes are restored for its next tests."""
     import torch._functorch.config
 
-    return torch._functorch.config.donated_buffer, torch.compiler.config.cache_key_tag
-
-
-def restore_compile_settings(settings: tuple[bool, str]) -> None:
-    import torch._functorch.config
-
-    torch._functorch.config.donated_buffer, torch.compiler.config.cache_key_tag = settings
+    threads = torch.get_num_threads()
+    settings = torch._functorch.config.donated_buffer, torch.compiler.config.cache_key_tag
+    torch.set_num_threads(2)
+    no_donated_buffers()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch._functorch.config.donated_buffer, torch.compiler.config.cache_key_tag = settings
 
 
 @pytest.mark.parametrize("dropout", [0.0, NEVER_DROPS], ids=["no-dropout", "dropout"])
@@ -106,14 +112,8 @@ def test_every_cpu_path_compiled_equals_eager(dropout: float) -> None:
 
     torch._dynamo.reset()
     eager_outs, eager_grads = run(attend, 0.0)
-    threads, settings = torch.get_num_threads(), compile_settings()
-    torch.set_num_threads(2)  # inductor writes a parallel kernel only for 2 threads or more
-    no_donated_buffers()
-    try:
+    with compiled_as_train_does():
         outs, grads = run(torch.compile(attend, fullgraph=True), dropout)
-    finally:
-        torch.set_num_threads(threads)
-        restore_compile_settings(settings)
     for got, expected in zip(outs, eager_outs, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     for got, expected, name in zip(grads, eager_grads, "qkv", strict=True):
