@@ -162,7 +162,8 @@ def test_a_plan_sbatch_job_runs_and_a_usr1_requeues_it_to_the_same_weights(
     SIGUSR1 mid-run (as `--signal=USR1@120` sends it before a time limit), saves,
     requeues itself, restarts with `--resume auto` and ends with the same weights and
     EMA. Caught in a scratch copy: no requeue after the save (the job ends COMPLETED at
-    the stop, never restarted)."""
+    the stop, never restarted); the requeue's SIGTERM killing the root before it wrote the
+    requeue and stop lines (seen in CI; a 2 s pause after scontrol lost them each time)."""
     plan = subprocess.run(
         [sys.executable, "-m", "dalle_dist", "plan", *TINY_DALLE_FLAGS, "--batch_size", "16",
          "--sbatch", "--gpus_per_node", "2", "--device", "cpu", "--precision", "fp32",

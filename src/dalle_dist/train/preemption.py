@@ -44,6 +44,10 @@ def _handle(signum: int, frame: FrameType | None) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _outlive_requeue(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM after this process requeued its job: the process is ending already."""
+
+
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
     """Record SIGTERM and SIGINT while the block runs (main thread only: where Python
@@ -77,6 +81,12 @@ def requeue_after_stop(say: Callable[[str], None]) -> None:
         say(f"Slurm job {job} was not submitted with --requeue: submit it again to continue "
             "(its command has --resume auto, or add it)")
         return
+    # The requeue ends this job's processes: SIGTERM, while scontrol runs or just after,
+    # then SIGKILL KillWait seconds later. Left at its default, SIGTERM killed this
+    # process before the lines below and the stop's own message reached the log; from
+    # here it is ignored, and the process ends by itself within those seconds.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _outlive_requeue)
     failed = slurm.requeue(job)
     say(f"Slurm job {job} requeued: it restarts and continues from the save" if not failed
         else f"warning: scontrol requeue {job} failed ({failed}): submit the job again")
