@@ -93,16 +93,25 @@ def test_horovod_under_plain_srun_is_refused_with_the_command_that_works() -> No
 
 
 def test_usr1_stops_training_only_inside_a_slurm_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Inside a job, SIGUSR1 is recorded like SIGTERM (a save at the next step); outside,
+    """Inside a job, SIGUSR1 is recorded like SIGTERM (a save at the next step), and one
+    after the loop (the time limit's warning to a run that is ending) is ignored: at its
+    default action it killed the process, this one included. Outside a job,
     stop_on_signals leaves it alone (its default action: the process ends)."""
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     with stop_on_signals():
         assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
     monkeypatch.setenv("SLURM_JOB_ID", "7")
-    with stop_on_signals():
-        os.kill(os.getpid(), signal.SIGUSR1)
-        assert stop_requested() and stop_signal_name() == "SIGUSR1"
-    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+    try:
+        with stop_on_signals():
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert stop_requested() and stop_signal_name() == "SIGUSR1"
+        os.kill(os.getpid(), signal.SIGUSR2)
+        with stop_on_signals():  # a second run in the process starts unstopped
+            assert not stop_requested()
+        assert not stop_requested()
+    finally:
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_DFL)
 
 
 def test_the_single_backend_under_srun_of_several_tasks_is_refused() -> None:

@@ -48,12 +48,17 @@ def _outlive_requeue(signum: int, frame: FrameType | None) -> None:
     """SIGTERM after this process requeued its job: the process is ending already."""
 
 
+def _after_the_loop(signum: int, frame: FrameType | None) -> None:
+    """SIGUSR1/SIGUSR2 in a Slurm job after training ended: nothing left to stop."""
+
+
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
     """Record SIGTERM and SIGINT while the block runs (main thread only: where Python
     delivers signals); the previous handlers come back afterwards. A new block starts
     with no signal recorded: a process that trains again after a stop (the GPU acceptance
-    run's phases, a notebook) must not stop at its first step."""
+    run's phases, a notebook) must not stop at its first step. Inside a Slurm job,
+    SIGUSR1 and SIGUSR2 are recorded too, and ignored after the block."""
     _received.clear()
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -64,7 +69,11 @@ def stop_on_signals() -> Iterator[None]:
         yield
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            # The time limit's warning after the last step finds a run that is ending
+            # (its last save waiting, its trackers closing): at its default action it
+            # would kill the process there, and the finished job would end FAILED.
+            late = sig in REQUEUE_SIGNALS and handler == signal.SIG_DFL
+            signal.signal(sig, _after_the_loop if late else handler)
 
 
 def requeue_after_stop(say: Callable[[str], None]) -> None:
