@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -112,6 +113,35 @@ def test_usr1_stops_training_only_inside_a_slurm_job(monkeypatch: pytest.MonkeyP
     finally:
         for sig in (signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)
+
+
+#: scontrol as the requeue's own kill leaves it: `requeue` ends it by SIGTERM, after
+#: counting the restart (took) or not (refused); `show job` reports the count
+KILLED_SCONTROL = """#!/bin/sh
+restarts=$(cat "$RESTARTS")
+case "$1" in
+  show) echo "JobId=7 JobState=RUNNING Restarts=$restarts" ;;
+  requeue) [ "$TAKES" = 1 ] && echo $((restarts + 1)) > "$RESTARTS"; kill -TERM $$ ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("takes", [True, False])
+def test_a_requeue_whose_kill_ends_scontrol_first_still_counts(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, takes: bool) -> None:
+    """The requeue ends the job's processes, scontrol (a child of the root) among them.
+    Killed after the requeue took, it exits silently with -15: the job's restart count
+    says the requeue took, and `requeue` says so (it said "submit the job again", and a
+    second job would train on the same files). Killed otherwise: a failure, in words
+    (its empty output raised an IndexError)."""
+    (tmp_path / "scontrol").write_text(KILLED_SCONTROL)
+    (tmp_path / "scontrol").chmod(0o755)
+    (tmp_path / "restarts").write_text("2\n")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("RESTARTS", str(tmp_path / "restarts"))
+    monkeypatch.setenv("TAKES", str(int(takes)))
+    failed = slurm.requeue("7")
+    assert failed == ("" if takes else "scontrol ended with status -15")
 
 
 def test_the_single_backend_under_srun_of_several_tasks_is_refused() -> None:

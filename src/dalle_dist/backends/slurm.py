@@ -210,11 +210,21 @@ def current_job(environ: Mapping[str, str] = os.environ) -> SlurmJob | None:
 
 
 def requeue(job_id: str, timeout: float = 30.0) -> str:
-    """`scontrol requeue JOB`; the error's first line, or "" when it was requeued."""
+    """`scontrol requeue JOB`; the error's first line, or "" when it was requeued.
+
+    Run from inside the job, scontrol is one of the processes the requeue ends: when the
+    job's kill reaches it before it exits, it dies silently with a requeue that took. So
+    a failure counts as a requeue when the job's restart count moved on."""
+    restarts = job_field(job_id, "Restarts")
     out = _scontrol("requeue", job_id, timeout=timeout)
+    if not isinstance(out, str) and out.returncode == 0:
+        return ""
+    if restarts is not None and job_field(job_id, "Restarts") not in (None, restarts):
+        return ""
     if isinstance(out, str):
         return out
-    return "" if out.returncode == 0 else (out.stderr or out.stdout).strip().splitlines()[0]
+    lines = (out.stderr or out.stdout).strip().splitlines()
+    return lines[0] if lines else f"scontrol ended with status {out.returncode}"
 
 
 __all__ = ["PORT_BASE", "PORT_SPAN", "SlurmJob", "adopt_step_env", "check_horovod_launch",
