@@ -70,8 +70,8 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             # The time limit's warning after the last step finds a run that is ending
-            # (its last save waiting, its trackers closing): at its default action it
-            # would kill the process there, and the finished job would end FAILED.
+            # (its last save, the replica check, the fidelity evaluation): at its default
+            # action it would kill the process there, and the finished job end FAILED.
             late = sig in REQUEUE_SIGNALS and handler == signal.SIG_DFL
             signal.signal(sig, _after_the_loop if late else handler)
 
