@@ -44,12 +44,10 @@ def _handle(signum: int, frame: FrameType | None) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _outlive_requeue(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM after this process requeued its job: the process is ending already."""
-
-
-def _after_the_loop(signum: int, frame: FrameType | None) -> None:
-    """SIGUSR1/SIGUSR2 in a Slurm job after training ended: nothing left to stop."""
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    """A signal to a run that is ending already: SIGUSR1/SIGUSR2 in a Slurm job after
+    the loop, SIGTERM after this process requeued its job. A Python handler rather than
+    SIG_IGN, which the processes started later (scontrol, workers) would inherit."""
 
 
 @contextlib.contextmanager
@@ -73,7 +71,7 @@ def stop_on_signals() -> Iterator[None]:
             # (its last save, the replica check, the fidelity evaluation): at its default
             # action it would kill the process there, and the finished job end FAILED.
             late = sig in REQUEUE_SIGNALS and handler == signal.SIG_DFL
-            signal.signal(sig, _after_the_loop if late else handler)
+            signal.signal(sig, _ignore if late else handler)
 
 
 def requeue_after_stop(say: Callable[[str], None]) -> None:
@@ -95,7 +93,7 @@ def requeue_after_stop(say: Callable[[str], None]) -> None:
     # process before the lines below and the stop's own message reached the log; from
     # here it is ignored, and the process ends by itself within those seconds.
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _outlive_requeue)
+        signal.signal(signal.SIGTERM, _ignore)
     failed = slurm.requeue(job)
     say(f"Slurm job {job} requeued: it restarts and continues from the save" if not failed
         else f"warning: scontrol requeue {job} failed ({failed}): submit the job again")
